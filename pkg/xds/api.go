@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package xds
+
+import (
+	"context"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// Well-known type URLs.
+const (
+	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+)
+
+// Resource is one decoded resource of a response.
+type Resource struct {
+	Name string
+	// Version is the resource's version: the response's version_info in
+	// SotW, the resource's own version in Delta.
+	Version string
+	Message proto.Message
+}
+
+// Update is what one response changed for one type, after the client
+// dropped the resources that did not change since the version it holds.
+type Update struct {
+	TypeURL string
+	// Upserted are new or changed resources.
+	Upserted []Resource
+	// Removed are names that no longer exist: absent from a SotW response of
+	// a wildcard type, in a Delta removed_resources, swept after a reconnect
+	// because the new server's first full state did not have them, or whose
+	// does-not-exist timer fired.
+	Removed []string
+}
+
+// Handler consumes the updates of one type. It is called from the client's
+// goroutine, one update at a time, in the order the server sent them.
+//
+// It returns the resources it rejected, by name. The client NACKs the
+// response with an error_detail naming each of them, keeps their previous
+// accepted version (state nacked-but-cached, or nacked if there is none),
+// and keeps the good resources of the same response.
+type Handler interface {
+	HandleUpdate(ctx context.Context, u Update) (rejected map[string]error)
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, u Update) map[string]error
+
+func (f HandlerFunc) HandleUpdate(ctx context.Context, u Update) map[string]error { return f(ctx, u) }
