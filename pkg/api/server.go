@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package api serves the agent's local API on a unix socket: the StateDB
+// tables (/statedb/, the handler that statedb.RemoteTable and l4xds-dbg
+// read), the hive shell (/shell) and health (/healthz).
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/script"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+
+	"github.com/l4xds/l4xds/pkg/health"
+)
+
+// DefaultSocket is where the agent listens and l4xds-dbg connects by default.
+const DefaultSocket = "/var/run/l4xds/agent.sock"
+
+// Config of the api server.
+type Config struct {
+	APISocket string
+}
+
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("api-socket", def.APISocket, "Unix socket of the local API (statedb, shell, health); mode 0600")
+}
+
+// HealthReport is the body of /healthz.
+type HealthReport struct {
+	OK       bool            `json:"ok"`
+	Statuses []health.Status `json:"statuses"`
+}
+
+// NewHandler returns the API's routes.
+func NewHandler(db *statedb.DB, reg *health.Registry, cmds map[string]script.Cmd) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/statedb/", http.StripPrefix("/statedb", db.HTTPHandler()))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		rep := HealthReport{OK: len(reg.Degraded()) == 0, Statuses: reg.All()}
+		w.Header().Set("Content-Type", "application/json")
+		if !rep.OK {
+			// 503 while any component is degraded (e.g. the xDS server
+			// unreachable): fit for readiness, not for liveness: the
+			// datapath keeps forwarding meanwhile.
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		json.NewEncoder(w).Encode(rep)
+	})
+	engine := &script.Engine{Cmds: cmds}
+	mux.HandleFunc("/shell", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			http.Error(w, "POST a command line", http.StatusMethodNotAllowed)
+			return
+		}
+		line, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		// The command runs as long as the client listens (db/watch streams).
+		s, err := script.NewState(r.Context(), os.TempDir(), nil)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Trailer", ShellErrorTrailer)
+		out := &shellWriter{w: w}
+		if err := engine.ExecuteLine(s, strings.TrimSpace(string(line)), out); err != nil {
+			w.Header().Set(ShellErrorTrailer, err.Error())
+		}
+	})
+	return mux
+}
+
+type params struct {
+	cell.In
+
+	Config    Config
+	Lifecycle cell.Lifecycle
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Health    *health.Registry
+	Cmds      hive.ScriptCmds
+}
+
+func register(p params) {
+	if p.Config.APISocket == "" {
+		p.Log.Info("API socket path empty: local API disabled")
+		return
+	}
+	srv := &http.Server{
+		Handler:           NewHandler(p.DB, p.Health, p.Cmds.Map()),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			lis, err := Listen(p.Config.APISocket)
+			if err != nil {
+				return err
+			}
+			p.Log.Info("API listening", "socket", p.Config.APISocket)
+			go func() {
+				if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					p.Log.Error("API server stopped", "error", err)
+				}
+			}()
+			return nil
+		},
+		OnStop: func(ctx cell.HookContext) error {
+			return srv.Shutdown(ctx)
+		},
+	})
+}
+
+// Listen creates the socket's directory, replaces a stale socket left by a
+// previous run, and listens with mode 0600: the API is root's only.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("api socket %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("api socket %s: %w", path, err)
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("api socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("api socket %s: %w", path, err)
+	}
+	return lis, nil
+}
+
+// ShellErrorTrailer carries the error of a /shell command, after its output.
+const ShellErrorTrailer = "X-L4xds-Shell-Error"
+
+// shellWriter streams a command's log to the client, without the engine's
+// "[stdout]" section markers, flushing as the command flushes.
+type shellWriter struct{ w http.ResponseWriter }
+
+func (sw *shellWriter) Write(p []byte) (int, error) {
+	_, err := sw.w.Write(bytes.ReplaceAll(p, []byte("[stdout]\n"), nil))
+	return len(p), err
+}
+
+func (sw *shellWriter) Flush() {
+	if f, ok := sw.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}

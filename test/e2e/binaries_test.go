@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package e2e runs the three l4xds binaries together: the reference control
+// plane, the agent and l4xds-dbg, talking real gRPC over mTLS.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// binDir builds the binaries once per test run, or uses $L4XDS_BIN (set by
+// `make test`, which has just built them).
+func binDir(t *testing.T) string {
+	t.Helper()
+	if dir := os.Getenv("L4XDS_BIN"); dir != "" {
+		return dir
+	}
+	dir := t.TempDir()
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/l4xds-agent", "../../cmd/l4xds-dbg", "../../cmd/l4xds-control-plane")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return dir
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// start runs a binary until the test ends; its output goes to the test log
+// when the test fails.
+func start(t *testing.T, bin string, args ...string) *exec.Cmd {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", filepath.Base(bin), out.String())
+		}
+	})
+	return cmd
+}
+
+// eventually runs l4xds-dbg with args until its output satisfies ok.
+func eventually(t *testing.T, dbg, socket string, args []string, what string, ok func(string) bool) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var last string
+	for ctx.Err() == nil {
+		out, err := exec.Command(dbg, append([]string{"--socket", socket}, args...)...).CombinedOutput()
+		last = string(out)
+		if err == nil && ok(last) {
+			return last
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("l4xds-dbg %s never showed %s; last output:\n%s", strings.Join(args, " "), what, last)
+	return ""
+}
+
+func shows(t *testing.T, dbg, socket string, args []string, want ...string) {
+	t.Helper()
+	eventually(t, dbg, socket, args, strings.Join(want, ", "), func(out string) bool { return containsAll(out, want) })
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
+
+func TestBinariesServeTheCFPExampleOverMTLS(t *testing.T) {
+	bin := binDir(t)
+	dir := t.TempDir()
+	certs := filepath.Join(dir, "certs")
+	if out, err := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "certs", "--out", certs).CombinedOutput(); err != nil {
+		t.Fatalf("certs: %v\n%s", err, out)
+	}
+	cfp, err := os.ReadFile("../../examples/cfp.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resources := filepath.Join(dir, "resources.yaml")
+	if err := os.WriteFile(resources, cfp, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	addr := freePort(t)
+	start(t, filepath.Join(bin, "l4xds-control-plane"), "serve",
+		"--resources", resources, "--listen", addr,
+		"--cert", filepath.Join(certs, "server.crt"), "--key", filepath.Join(certs, "server.key"),
+		"--client-ca", filepath.Join(certs, "ca.crt"))
+
+	socket := filepath.Join(dir, "agent.sock")
+	start(t, filepath.Join(bin, "l4xds-agent"),
+		"--api-socket", socket, "--datapath", "none",
+		"--enable-xds-control-plane", "--xds-server-address", addr, "--xds-server-name", "localhost",
+		"--xds-client-cert-path", filepath.Join(certs, "client.crt"),
+		"--xds-client-key-path", filepath.Join(certs, "client.key"),
+		"--xds-ca-cert-path", filepath.Join(certs, "ca.crt"),
+		"--xds-node-id", "e2e-node")
+
+	dbg := filepath.Join(bin, "l4xds-dbg")
+	shows(t, dbg, socket, []string{"statedb", "frontends"}, "10.1.2.3:3306/TCP", "my-database-service", "192.168.1.10:3306", "192.168.1.11:3306")
+	shows(t, dbg, socket, []string{"statedb", "backends"}, "192.168.1.10:3306", "192.168.1.11:3306")
+	shows(t, dbg, socket, []string{"statedb", "services", "-o", "json"}, `"my-database-service"`)
+	shows(t, dbg, socket, []string{"xds", "status"}, "my-database-service", "acked")
+
+	// Edit the file: a third backend, the first one draining.
+	edited := strings.Replace(string(cfp),
+		"socket_address: { address: 192.168.1.11, port_value: 3306 }",
+		"socket_address: { address: 192.168.1.11, port_value: 3306 }\n"+
+			"    - endpoint:\n        address:\n          socket_address: { address: 192.168.1.12, port_value: 3306 }", 1)
+	if edited == string(cfp) {
+		t.Fatal("examples/cfp.yaml changed: the edit no longer applies")
+	}
+	if err := os.WriteFile(resources, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shows(t, dbg, socket, []string{"statedb", "backends"}, "192.168.1.12:3306")
+
+	// Remove the cluster: its rows go.
+	if err := os.WriteFile(resources, []byte("# nothing served\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, dbg, socket, []string{"statedb", "frontends"}, "no 10.1.2.3 frontend", func(out string) bool {
+		return strings.Contains(out, "Address") && !strings.Contains(out, "10.1.2.3")
+	})
+}
