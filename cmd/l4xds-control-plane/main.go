@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// l4xds-control-plane is the reference xDS management server of l4xds: it
+// serves the Envoy resources of a YAML or JSON file to l4xds agents (and to
+// any other xDS client) and follows the file's edits.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/l4xds/l4xds/pkg/controlplane"
+	"github.com/l4xds/l4xds/pkg/devcerts"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newCommand(os.Stdout, os.Stderr).ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "l4xds-control-plane:", err)
+		os.Exit(1)
+	}
+}
+
+func newCommand(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "l4xds-control-plane",
+		Short: "Reference xDS server for l4xds: serves Envoy resources from a file",
+		Long: `l4xds-control-plane serves Envoy Cluster and ClusterLoadAssignment resources
+(and any other Envoy resource) from a YAML or JSON file over xDS (ADS, SotW and
+Delta) with mutual TLS. l4xds agents subscribe to it; so can Envoy.
+
+It watches the file: every saved edit is applied within a second, and only the
+resources that changed are sent to clients. An edit that does not parse is
+logged and ignored; the last good resources stay served.
+
+Start with "certs" to make development certificates, then "serve".`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(certsCommand(), serveCommand(stderr))
+	return root
+}
+
+func certsCommand() *cobra.Command {
+	var out, serverName string
+	cmd := &cobra.Command{
+		Use:   "certs --out DIR",
+		Short: "Write a development CA and server and client certificates",
+		Long: `Write a new certificate authority and a server and a client certificate signed
+by it into DIR, for trying mutual TLS between l4xds-control-plane and the agents.
+The keys are written unencrypted: these certificates are for development and
+tests, not for production.
+
+The server certificate is valid for localhost, 127.0.0.1, ::1 and --server-name.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if out == "" {
+				return errors.New("--out is required: the directory to write the certificates to")
+			}
+			if err := devcerts.Write(out, devcerts.Options{ServerName: serverName}); err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			for _, f := range []struct{ name, what string }{
+				{devcerts.CACert, "CA certificate: give to the agents (--xds-ca-cert-path) and to serve --client-ca"},
+				{devcerts.CAKey, "CA key: keep it to yourself"},
+				{devcerts.ServerCert, "server certificate: serve --cert"},
+				{devcerts.ServerKey, "server key: serve --key"},
+				{devcerts.ClientCert, "client certificate: agents' --xds-client-cert-path"},
+				{devcerts.ClientKey, "client key: agents' --xds-client-key-path"},
+			} {
+				fmt.Fprintf(w, "%-40s %s\n", filepath.Join(out, f.name), f.what)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&out, "out", "", "directory to write the certificates to (created if missing)")
+	cmd.Flags().StringVar(&serverName, "server-name", "", "extra DNS name of the server certificate, the name agents dial (--xds-server-name)")
+	return cmd
+}
+
+type serveFlags struct {
+	resources, listen   string
+	cert, key, clientCA string
+	insecure            bool
+	logLevel            string
+	skipValidation      bool
+}
+
+func serveCommand(stderr io.Writer) *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve --resources FILE (--cert F --key F --client-ca F | --insecure)",
+		Short: "Serve the resources of FILE over xDS, following its edits",
+		Long: `Serve the Envoy resources of FILE over xDS and apply every edit of FILE.
+
+FILE holds YAML documents separated by "---" (or JSON). Each document is
+either the CFP's form
+
+  resource:
+    '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
+    name: my-database-service
+    ...
+
+or a bare resource with '@type', or Envoy's "resources: [...]" list. Field
+names may be snake_case or camelCase. A FILE that does not parse at start is
+an error; later, a bad edit is logged (file, document, field) and the last good
+resources keep being served.
+
+Clients must present a certificate signed by --client-ca. --insecure serves
+plaintext to anyone instead, for local experiments only.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return serve(cmd.Context(), f, stderr)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.resources, "resources", "", "YAML or JSON file of Envoy resources to serve (required)")
+	fl.StringVar(&f.listen, "listen", ":9000", "address to accept xDS clients on")
+	fl.StringVar(&f.cert, "cert", "", "server certificate (PEM); re-read when it changes")
+	fl.StringVar(&f.key, "key", "", "server private key (PEM); re-read when it changes")
+	fl.StringVar(&f.clientCA, "client-ca", "", "CA certificates (PEM) that client certificates must chain to; re-read when it changes")
+	fl.BoolVar(&f.insecure, "insecure", false, "serve plaintext without client authentication (never in production)")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug (also every ACK), info, warn (NACKs) or error")
+	fl.BoolVar(&f.skipValidation, "skip-validation", false, "serve resources that break the Envoy API's validation rules (to test clients' NACKs)")
+	return cmd
+}
+
+func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if f.resources == "" {
+		return errors.New("--resources is required: the file of resources to serve")
+	}
+
+	var tlsConf *tls.Config
+	if f.insecure {
+		if f.cert != "" || f.key != "" || f.clientCA != "" {
+			return errors.New("--insecure cannot be combined with --cert, --key or --client-ca")
+		}
+		log.Warn("Serving xDS in plaintext without client authentication (--insecure): anyone who can reach the port can read the configuration")
+	} else {
+		var missing []string
+		for _, fl := range []struct{ name, value string }{{"--cert", f.cert}, {"--key", f.key}, {"--client-ca", f.clientCA}} {
+			if fl.value == "" {
+				missing = append(missing, fl.name)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("mutual TLS needs --cert, --key and --client-ca (missing %s), or --insecure for plaintext", strings.Join(missing, ", "))
+		}
+		var err error
+		if tlsConf, err = controlplane.ServerTLSConfig(f.cert, f.key, f.clientCA); err != nil {
+			return err
+		}
+	}
+
+	var opts []controlplane.ParseOption
+	if f.skipValidation {
+		opts = append(opts, controlplane.WithoutValidation())
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srv := controlplane.NewServer(controlplane.Options{TLS: tlsConf, Logger: log})
+	defer srv.Stop()
+	if err := srv.ServeFile(ctx, f.resources, opts...); err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return err
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	select {
+	case <-ctx.Done():
+		srv.Stop()
+		<-served
+		log.Info("Stopped")
+		return nil
+	case err := <-served:
+		return err
+	}
+}

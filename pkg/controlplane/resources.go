@@ -1,0 +1,547 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package controlplane
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	yaml "go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	// Register the message types a resource file may name in '@type',
+	// including those commonly nested in a Cluster's typed_config fields.
+	_ "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+)
+
+// Resources is a full set of xDS resources: type URL -> resource name ->
+// message. Messages put in a Resources must not be modified afterwards; a
+// Server shares them with its clients.
+type Resources map[string]map[string]proto.Message
+
+// Add puts msg under its type URL and name (Cluster name, or cluster_name for
+// a ClusterLoadAssignment). It fails when msg has no name or when a resource
+// of the same type and name is already present.
+func (r Resources) Add(msg proto.Message) error {
+	typeURL := typeURLOf(msg)
+	name := cache.GetResourceName(msg)
+	if name == "" {
+		return fmt.Errorf("%s: resource has no name (field %q)", kindOf(msg.ProtoReflect().Descriptor()), nameField(msg))
+	}
+	if _, dup := r[typeURL][name]; dup {
+		return fmt.Errorf("duplicate %s %q", kindOf(msg.ProtoReflect().Descriptor()), name)
+	}
+	if r[typeURL] == nil {
+		r[typeURL] = map[string]proto.Message{}
+	}
+	r[typeURL][name] = msg
+	return nil
+}
+
+// Len is the number of resources of all types.
+func (r Resources) Len() int {
+	n := 0
+	for _, byName := range r {
+		n += len(byName)
+	}
+	return n
+}
+
+func typeURLOf(msg proto.Message) string {
+	return "type.googleapis.com/" + string(msg.ProtoReflect().Descriptor().FullName())
+}
+
+// ParseOption changes how ParseResources decodes.
+type ParseOption func(*parseOptions)
+
+type parseOptions struct {
+	skipValidation bool
+}
+
+// WithoutValidation skips the protoc-gen-validate rules of the Envoy API
+// (port ranges, required names, ...). Useful to serve deliberately broken
+// resources, for example to test how a client NACKs them.
+func WithoutValidation() ParseOption {
+	return func(o *parseOptions) { o.skipValidation = true }
+}
+
+// LoadFile reads and parses a resource file. Errors start with the path.
+func LoadFile(path string, opts ...ParseOption) (Resources, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	res, err := ParseResources(data, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return res, nil
+}
+
+// ParseResources decodes a resource file: a stream of YAML documents
+// separated by "---", or JSON (JSON is read as YAML). Each document is one of
+//
+//   - `resource: {'@type': ..., ...}`, the form of the CFP's example;
+//   - a bare resource, `{'@type': ..., ...}`;
+//   - `resources: [...]`, Envoy's filesystem subscription form, a list of
+//     bare resources (version_info and type_url beside it are ignored);
+//   - a list of any of the above.
+//
+// Fields may be spelled in proto (snake_case) or JSON (camelCase) form.
+// Documents holding only comments are skipped. Errors name the document
+// (1-based, as separated by "---"), the resource and, where it can be found,
+// the field and its line.
+func ParseResources(data []byte, opts ...ParseOption) (Resources, error) {
+	var o parseOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	p := parser{opts: o, res: Resources{}, firstSeen: map[string]string{}}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for doc := 1; ; doc++ {
+		var n yaml.Node
+		err := dec.Decode(&n)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", doc, err)
+		}
+		if err := p.document(fmt.Sprintf("document %d", doc), &n); err != nil {
+			return nil, err
+		}
+	}
+	return p.res, nil
+}
+
+type parser struct {
+	opts parseOptions
+	res  Resources
+	// firstSeen maps "type URL/name" to the location that defined it, to
+	// name both places in a duplicate error.
+	firstSeen map[string]string
+}
+
+func (p *parser) document(where string, n *yaml.Node) error {
+	if n.Kind == yaml.DocumentNode {
+		if len(n.Content) == 0 {
+			return nil
+		}
+		n = n.Content[0]
+	}
+	n = resolveAlias(n)
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.ShortTag() == "!!null" {
+			return nil // only comments, or an empty document
+		}
+		return fmt.Errorf("%s (line %d): expected a resource, got %q", where, n.Line, n.Value)
+	case yaml.SequenceNode:
+		for i, item := range n.Content {
+			if err := p.document(fmt.Sprintf("%s, item %d", where, i+1), item); err != nil {
+				return err
+			}
+		}
+		return nil
+	case yaml.MappingNode:
+	default:
+		return fmt.Errorf("%s (line %d): expected a resource", where, n.Line)
+	}
+
+	pairs, err := mappingPairs(n, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	if _, ok := lookup(pairs, "@type"); ok {
+		return p.resource(where, n)
+	}
+	if inner, ok := lookup(pairs, "resource"); ok {
+		for _, kv := range pairs {
+			if kv.key != "resource" {
+				return fmt.Errorf("%s (line %d): unexpected key %q beside \"resource\"", where, kv.keyNode.Line, kv.key)
+			}
+		}
+		return p.resource(where, resolveAlias(inner))
+	}
+	if list, ok := lookup(pairs, "resources"); ok {
+		for _, kv := range pairs {
+			switch kv.key {
+			case "resources", "version_info", "versionInfo", "type_url", "typeUrl":
+			default:
+				return fmt.Errorf("%s (line %d): unexpected key %q beside \"resources\"", where, kv.keyNode.Line, kv.key)
+			}
+		}
+		list = resolveAlias(list)
+		if list.Kind != yaml.SequenceNode {
+			return fmt.Errorf("%s (line %d): \"resources\" must be a list", where, list.Line)
+		}
+		for i, item := range list.Content {
+			if err := p.resource(fmt.Sprintf("%s, resources[%d]", where, i), resolveAlias(item)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("%s (line %d): expected a resource: a map with \"@type\", or \"resource\" holding one", where, n.Line)
+}
+
+// resource decodes one mapping that carries '@type'.
+func (p *parser) resource(where string, n *yaml.Node) error {
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("%s (line %d): a resource must be a map with \"@type\"", where, n.Line)
+	}
+	pairs, err := mappingPairs(n, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	typeNode, ok := lookup(pairs, "@type")
+	if !ok {
+		return fmt.Errorf("%s (line %d): resource has no \"@type\"", where, n.Line)
+	}
+	typeURL := typeNode.Value
+	mt, err := protoregistry.GlobalTypes.FindMessageByURL(typeURL)
+	if err != nil {
+		return fmt.Errorf("%s (line %d): unknown @type %q", where, typeNode.Line, typeURL)
+	}
+	md := mt.Descriptor()
+	kind := kindOf(md)
+
+	// Name the resource in errors before it is decoded, from the raw keys.
+	label := kind
+	for _, key := range []string{"name", "cluster_name", "clusterName"} {
+		if v, ok := lookup(pairs, key); ok && v.Kind == yaml.ScalarNode {
+			label = fmt.Sprintf("%s %q", kind, v.Value)
+			break
+		}
+	}
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("%s (%s): %s", where, label, fmt.Sprintf(format, args...))
+	}
+
+	var buf bytes.Buffer
+	budget := maxNodes
+	if err := writeJSON(&buf, n, true, &budget); err != nil {
+		return fail("%v", err)
+	}
+	msg := mt.New().Interface()
+	if err := protojson.Unmarshal(buf.Bytes(), msg); err != nil {
+		if u, ok := findUnknownField(md, n, ""); ok {
+			return fail("%s", u)
+		}
+		return fail("%s", cleanProtoError(err))
+	}
+	if !p.opts.skipValidation {
+		if v, ok := msg.(interface{ Validate() error }); ok {
+			if err := v.Validate(); err != nil {
+				return fail("%v", err)
+			}
+		}
+	}
+	name := cache.GetResourceName(msg)
+	if name == "" {
+		return fail("resource has no name (field %q)", nameField(msg))
+	}
+	key := typeURLOf(msg) + "/" + name
+	if first, dup := p.firstSeen[key]; dup {
+		return fail("duplicate %s %q, first defined in %s", kind, name, first)
+	}
+	p.firstSeen[key] = where
+	// Store under the canonical URL so that "type.googleapis.com/" and
+	// other prefixes land in the same cache.
+	return p.res.Add(msg)
+}
+
+// kindOf names a message type in errors: Cluster -> cluster,
+// ClusterLoadAssignment -> cluster_load_assignment.
+func kindOf(md protoreflect.MessageDescriptor) string {
+	var b strings.Builder
+	for i, r := range string(md.Name()) {
+		if r >= 'A' && r <= 'Z' {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r += 'a' - 'A'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func nameField(msg types.Resource) string {
+	if _, ok := msg.(interface{ GetClusterName() string }); ok {
+		return "cluster_name"
+	}
+	return "name"
+}
+
+// unknownField is a key that names no field of its message.
+type unknownField struct {
+	parent string // dotted path of the enclosing message, "" at the top
+	key    string
+	line   int
+}
+
+func (u unknownField) String() string {
+	if u.parent == "" {
+		return fmt.Sprintf("unknown field %q (line %d)", u.key, u.line)
+	}
+	return fmt.Sprintf("unknown field %q in %s (line %d)", u.key, u.parent, u.line)
+}
+
+// protojson's errors start with "proto:" (followed by a space or a
+// non-breaking space) and a position in the JSON we generated, which means
+// nothing to the author of the YAML.
+var protoErrorPrefix = regexp.MustCompile(`^proto:[\s\x{00a0}]*(\(line \d+:\d+\):[\s\x{00a0}]*)?`)
+
+func cleanProtoError(err error) string {
+	return protoErrorPrefix.ReplaceAllString(err.Error(), "")
+}
+
+// maxNodes bounds the nodes visited while converting one resource, so that
+// nested YAML aliases cannot expand without limit.
+const maxNodes = 10_000_000
+
+type pair struct {
+	key     string
+	keyNode *yaml.Node
+	value   *yaml.Node
+}
+
+func resolveAlias(n *yaml.Node) *yaml.Node {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 100; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+func lookup(pairs []pair, key string) (*yaml.Node, bool) {
+	for _, kv := range pairs {
+		if kv.key == key {
+			return resolveAlias(kv.value), true
+		}
+	}
+	return nil, false
+}
+
+// mappingPairs lists a mapping's entries with YAML merge keys ("<<: *x")
+// expanded: explicit keys win over merged ones, earlier merges over later.
+func mappingPairs(n *yaml.Node, depth int) ([]pair, error) {
+	if depth > 32 {
+		return nil, fmt.Errorf("line %d: merge keys nested too deeply", n.Line)
+	}
+	var own, merged []pair
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolveAlias(n.Content[i]), n.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			return nil, fmt.Errorf("line %d: map keys must be plain values", k.Line)
+		}
+		if k.ShortTag() != "!!merge" {
+			own = append(own, pair{key: k.Value, keyNode: k, value: v})
+			continue
+		}
+		v = resolveAlias(v)
+		sources := []*yaml.Node{v}
+		if v.Kind == yaml.SequenceNode {
+			sources = v.Content
+		}
+		for _, src := range sources {
+			src = resolveAlias(src)
+			if src.Kind != yaml.MappingNode {
+				return nil, fmt.Errorf("line %d: \"<<\" must merge a map", src.Line)
+			}
+			sub, err := mappingPairs(src, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			merged = append(merged, sub...)
+		}
+	}
+	seen := make(map[string]bool, len(own))
+	for _, kv := range own {
+		seen[kv.key] = true
+	}
+	for _, kv := range merged {
+		if !seen[kv.key] {
+			seen[kv.key] = true
+			own = append(own, kv)
+		}
+	}
+	return own, nil
+}
+
+// writeJSON converts a YAML node to JSON. With skipType, the top-level
+// "@type" key is left out: the caller already picked the message from it.
+func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, budget *int) error {
+	if *budget--; *budget < 0 {
+		return errors.New("document too large after expanding aliases")
+	}
+	n = resolveAlias(n)
+	switch n.Kind {
+	case yaml.MappingNode:
+		pairs, err := mappingPairs(n, 0)
+		if err != nil {
+			return err
+		}
+		buf.WriteByte('{')
+		first := true
+		for _, kv := range pairs {
+			if skipType && kv.key == "@type" {
+				continue
+			}
+			if !first {
+				buf.WriteByte(',')
+			}
+			first = false
+			writeString(buf, kv.key)
+			buf.WriteByte(':')
+			if err := writeJSON(buf, kv.value, false, budget); err != nil {
+				return err
+			}
+		}
+		buf.WriteByte('}')
+	case yaml.SequenceNode:
+		buf.WriteByte('[')
+		for i, item := range n.Content {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			if err := writeJSON(buf, item, false, budget); err != nil {
+				return err
+			}
+		}
+		buf.WriteByte(']')
+	case yaml.ScalarNode:
+		return writeScalar(buf, n)
+	default:
+		return fmt.Errorf("line %d: unsupported YAML node", n.Line)
+	}
+	return nil
+}
+
+func writeScalar(buf *bytes.Buffer, n *yaml.Node) error {
+	switch n.ShortTag() {
+	case "!!null":
+		buf.WriteString("null")
+	case "!!bool":
+		var b bool
+		if err := n.Decode(&b); err != nil {
+			return fmt.Errorf("line %d: %w", n.Line, err)
+		}
+		buf.WriteString(strconv.FormatBool(b))
+	case "!!int":
+		var v any // int, int64 or uint64, whichever holds it
+		if err := n.Decode(&v); err != nil {
+			return fmt.Errorf("line %d: %w", n.Line, err)
+		}
+		out, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("line %d: %w", n.Line, err)
+		}
+		buf.Write(out)
+	case "!!float":
+		var f float64
+		if err := n.Decode(&f); err != nil {
+			return fmt.Errorf("line %d: %w", n.Line, err)
+		}
+		switch {
+		case math.IsNaN(f):
+			buf.WriteString(`"NaN"`)
+		case math.IsInf(f, 1):
+			buf.WriteString(`"Infinity"`)
+		case math.IsInf(f, -1):
+			buf.WriteString(`"-Infinity"`)
+		default:
+			buf.WriteString(strconv.FormatFloat(f, 'g', -1, 64))
+		}
+	default:
+		// Strings, and timestamps and binary kept as written: protojson
+		// parses RFC 3339 times and base64 itself.
+		writeString(buf, n.Value)
+	}
+	return nil
+}
+
+func writeString(buf *bytes.Buffer, s string) {
+	out, _ := json.Marshal(s) // cannot fail for a string
+	buf.Write(out)
+}
+
+// findUnknownField walks n along md's fields, as protojson would, and
+// returns the first key that is not a field.
+// Well-known types (Struct, Any, Duration, ...) have their own JSON forms
+// and are not entered.
+func findUnknownField(md protoreflect.MessageDescriptor, n *yaml.Node, path string) (unknownField, bool) {
+	n = resolveAlias(n)
+	if n.Kind != yaml.MappingNode || strings.HasPrefix(string(md.FullName()), "google.protobuf.") {
+		return unknownField{}, false
+	}
+	pairs, err := mappingPairs(n, 0)
+	if err != nil {
+		return unknownField{}, false
+	}
+	for _, kv := range pairs {
+		if kv.key == "@type" && path == "" {
+			continue
+		}
+		sub := kv.key
+		if path != "" {
+			sub = path + "." + kv.key
+		}
+		fd := md.Fields().ByName(protoreflect.Name(kv.key))
+		if fd == nil {
+			fd = md.Fields().ByJSONName(kv.key)
+		}
+		if fd == nil {
+			return unknownField{parent: path, key: kv.key, line: kv.keyNode.Line}, true
+		}
+		v := resolveAlias(kv.value)
+		switch {
+		case fd.IsMap():
+			if fd.MapValue().Kind() != protoreflect.MessageKind || v.Kind != yaml.MappingNode {
+				continue
+			}
+			entries, err := mappingPairs(v, 0)
+			if err != nil {
+				continue
+			}
+			for _, e := range entries {
+				if u, ok := findUnknownField(fd.MapValue().Message(), e.value, sub+"["+e.key+"]"); ok {
+					return u, true
+				}
+			}
+		case fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind:
+		case fd.IsList():
+			if v.Kind != yaml.SequenceNode {
+				continue
+			}
+			for i, item := range v.Content {
+				if u, ok := findUnknownField(fd.Message(), item, fmt.Sprintf("%s[%d]", sub, i)); ok {
+					return u, true
+				}
+			}
+		default:
+			if u, ok := findUnknownField(fd.Message(), v, sub); ok {
+				return u, true
+			}
+		}
+	}
+	return unknownField{}, false
+}

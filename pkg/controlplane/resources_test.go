@@ -1,0 +1,329 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package controlplane
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+)
+
+func TestParseCFPExample(t *testing.T) {
+	data, err := os.ReadFile("testdata/cfp.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The example in the repository's examples/ must stay the CFP's text.
+	example, err := os.ReadFile("../../examples/cfp.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(example) != string(data) {
+		t.Fatal("examples/cfp.yaml differs from testdata/cfp.yaml")
+	}
+
+	res, err := ParseResources(data)
+	if err != nil {
+		t.Fatalf("ParseResources: %v", err)
+	}
+	if res.Len() != 2 {
+		t.Fatalf("got %d resources, want 2: %v", res.Len(), res)
+	}
+	checkCFP(t, res)
+}
+
+func checkCFP(t *testing.T, res Resources) {
+	t.Helper()
+	c, ok := res[resource.ClusterType]["my-database-service"].(*clusterv3.Cluster)
+	if !ok {
+		t.Fatalf("no Cluster my-database-service in %v", res)
+	}
+	if c.GetType() != clusterv3.Cluster_EDS || c.GetEdsClusterConfig().GetServiceName() != "my-database-service" {
+		t.Errorf("cluster discovery: type %v, eds service %q", c.GetType(), c.GetEdsClusterConfig().GetServiceName())
+	}
+	md := c.GetMetadata().GetFilterMetadata()["io.cilium.l4lb"].GetFields()
+	if md["vip"].GetStringValue() != "10.1.2.3" || md["port"].GetNumberValue() != 3306 || md["protocol"].GetStringValue() != "TCP" {
+		t.Errorf("io.cilium.l4lb metadata = %v", md)
+	}
+
+	cla, ok := res[resource.EndpointType]["my-database-service"].(*endpointv3.ClusterLoadAssignment)
+	if !ok {
+		t.Fatalf("no ClusterLoadAssignment my-database-service in %v", res)
+	}
+	var got []string
+	for _, le := range cla.GetEndpoints() {
+		for _, lb := range le.GetLbEndpoints() {
+			sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+			got = append(got, sa.GetAddress()+":"+itoa(sa.GetPortValue()))
+		}
+	}
+	if strings.Join(got, ",") != "192.168.1.10:3306,192.168.1.11:3306" {
+		t.Errorf("endpoints = %v", got)
+	}
+}
+
+func itoa(v uint32) string {
+	b := []byte{}
+	for {
+		b = append([]byte{byte('0' + v%10)}, b...)
+		if v /= 10; v == 0 {
+			return string(b)
+		}
+	}
+}
+
+// The same resources in the other accepted forms decode to the same messages.
+func TestParseForms(t *testing.T) {
+	want, err := LoadFile("testdata/cfp.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	forms := map[string]string{
+		"bare yaml, camelCase": `
+'@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
+name: my-database-service
+metadata: {filterMetadata: {io.cilium.l4lb: {vip: "10.1.2.3", port: 3306, protocol: TCP}}}
+type: EDS
+edsClusterConfig: {serviceName: my-database-service}
+---
+'@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment
+clusterName: my-database-service
+endpoints:
+- lbEndpoints:
+  - endpoint: {address: {socketAddress: {address: 192.168.1.10, portValue: 3306}}}
+  - endpoint: {address: {socketAddress: {address: 192.168.1.11, portValue: "3306"}}}
+`,
+		"json array, tab indented": `[
+	{"resource": {
+		"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+		"name": "my-database-service",
+		"metadata": {"filter_metadata": {"io.cilium.l4lb": {"vip": "10.1.2.3", "port": 3306, "protocol": "TCP"}}},
+		"type": "EDS",
+		"eds_cluster_config": {"service_name": "my-database-service"}
+	}},
+	{
+		"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+		"cluster_name": "my-database-service",
+		"endpoints": [{"lb_endpoints": [
+			{"endpoint": {"address": {"socket_address": {"address": "192.168.1.10", "port_value": 3306}}}},
+			{"endpoint": {"address": {"socket_address": {"address": "192.168.1.11", "port_value": 3306}}}}
+		]}]
+	}
+]`,
+		"envoy filesystem form with anchors": `
+version_info: "1"
+resources:
+- '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
+  name: my-database-service
+  metadata:
+    filter_metadata:
+      io.cilium.l4lb: {vip: "10.1.2.3", port: 3306, protocol: TCP}
+  type: EDS
+  eds_cluster_config: {service_name: my-database-service}
+- '@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment
+  cluster_name: my-database-service
+  endpoints:
+  - lb_endpoints:
+    - endpoint:
+        address:
+          socket_address: &ep {address: 192.168.1.10, port_value: 3306}
+    - endpoint:
+        address:
+          socket_address: {<<: *ep, address: 192.168.1.11}
+`,
+	}
+	for name, text := range forms {
+		t.Run(name, func(t *testing.T) {
+			got, err := ParseResources([]byte(text))
+			if err != nil {
+				t.Fatalf("ParseResources: %v", err)
+			}
+			checkCFP(t, got)
+			for typeURL, byName := range want {
+				for n, msg := range byName {
+					if !proto.Equal(msg, got[typeURL][n]) {
+						t.Errorf("%s %q differs from the CFP's:\n got %v\nwant %v", typeURL, n, got[typeURL][n], msg)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestParseSkipsEmptyDocuments(t *testing.T) {
+	res, err := ParseResources([]byte("# nothing yet\n---\n# still nothing\n---\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Len() != 0 {
+		t.Fatalf("got %v, want nothing", res)
+	}
+}
+
+const goodCluster = `
+resource:
+  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
+  name: web
+  type: EDS
+`
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		text string
+		opts []ParseOption
+		// want are all substrings of the error.
+		want []string
+	}{
+		{
+			name: "unknown top-level field",
+			text: goodCluster + `---
+# the cluster with a typo
+resource:
+  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
+  name: db
+  prot: TCP
+`,
+			want: []string{`document 2 (cluster "db"): unknown field "prot" (line 11)`},
+		},
+		{
+			name: "unknown nested field",
+			text: goodCluster + `---
+---
+resource:
+  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
+  name: db
+  eds_cluster_config:
+    service_nam: db
+`,
+			want: []string{`document 3 (cluster "db"): unknown field "service_nam" in eds_cluster_config (line 12)`},
+		},
+		{
+			name: "unknown field in a list item",
+			text: `
+'@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment
+cluster_name: db
+endpoints:
+- lb_endpoints:
+  - endpoint: {address: {socket_address: {address: 10.0.0.1, port: 80}}}
+`,
+			want: []string{`document 1 (cluster_load_assignment "db"): unknown field "port" in endpoints[0].lb_endpoints[0].endpoint.address.socket_address (line 6)`},
+		},
+		{
+			name: "wrong value type",
+			text: `
+'@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment
+cluster_name: db
+endpoints:
+- lb_endpoints:
+  - endpoint: {address: {socket_address: {address: 10.0.0.1, port_value: eighty}}}
+`,
+			want: []string{`document 1 (cluster_load_assignment "db"): `, `portValue`, `eighty`},
+		},
+		{
+			name: "envoy validation rule",
+			text: `
+'@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment
+cluster_name: db
+endpoints:
+- lb_endpoints:
+  - endpoint: {address: {socket_address: {address: 10.0.0.1, port_value: 70000}}}
+`,
+			want: []string{`document 1 (cluster_load_assignment "db"): `, `PortValue`, `65535`},
+		},
+		{
+			name: "unknown type",
+			text: "resource:\n  '@type': type.googleapis.com/envoy.config.cluster.v3.Clusterr\n  name: db\n",
+			want: []string{`document 1 (line 2): unknown @type "type.googleapis.com/envoy.config.cluster.v3.Clusterr"`},
+		},
+		{
+			name: "missing type",
+			text: "resource:\n  name: db\n",
+			want: []string{`document 1 (line 2): resource has no "@type"`},
+		},
+		{
+			name: "neither resource nor type",
+			text: "name: db\n",
+			want: []string{`document 1 (line 1): expected a resource`},
+		},
+		{
+			name: "key beside resource",
+			text: goodCluster + "version: 3\n",
+			want: []string{`document 1 (line 6): unexpected key "version" beside "resource"`},
+		},
+		{
+			name: "no name",
+			text: "'@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\nendpoints: []\n",
+			opts: []ParseOption{WithoutValidation()},
+			want: []string{`document 1 (cluster_load_assignment): resource has no name (field "cluster_name")`},
+		},
+		{
+			name: "duplicate",
+			text: goodCluster + "---\n" + goodCluster,
+			want: []string{`document 2 (cluster "web"): duplicate cluster "web", first defined in document 1`},
+		},
+		{
+			name: "duplicate in a list",
+			text: "[{'@type': type.googleapis.com/envoy.config.cluster.v3.Cluster, name: a}, {'@type': type.googleapis.com/envoy.config.cluster.v3.Cluster, name: a}]",
+			want: []string{`document 1, item 2 (cluster "a"): duplicate cluster "a", first defined in document 1, item 1`},
+		},
+		{
+			name: "yaml syntax",
+			text: goodCluster + "---\nresource: {name: [\n",
+			want: []string{`document 2: yaml: `},
+		},
+		{
+			name: "scalar document",
+			text: "just text\n",
+			want: []string{`document 1 (line 1): expected a resource, got "just text"`},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseResources([]byte(tt.text), tt.opts...)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\ndoes not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestWithoutValidationKeepsOutOfRangeValues(t *testing.T) {
+	text := `
+'@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment
+cluster_name: db
+endpoints:
+- lb_endpoints:
+  - endpoint: {address: {socket_address: {address: 10.0.0.1, port_value: 70000}}}
+`
+	res, err := ParseResources([]byte(text), WithoutValidation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cla := res[resource.EndpointType]["db"].(*endpointv3.ClusterLoadAssignment)
+	if p := cla.Endpoints[0].LbEndpoints[0].GetEndpoint().GetAddress().GetSocketAddress().GetPortValue(); p != 70000 {
+		t.Fatalf("port_value = %d", p)
+	}
+}
+
+func TestLoadFileNamesTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "resources.yaml")
+	if err := os.WriteFile(path, []byte(goodCluster+"---\n"+goodCluster), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadFile(path)
+	if err == nil || !strings.HasPrefix(err.Error(), path+": document 2 (cluster \"web\"): duplicate") {
+		t.Fatalf("LoadFile error = %v", err)
+	}
+}

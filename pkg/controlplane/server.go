@@ -1,0 +1,328 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// Keepalive: the server pings idle connections to find dead clients, and
+// tolerates client pings down to KeepaliveMinTime. Clients are expected to
+// ping no more often than every 30 s (go-control-plane's example server
+// enforces 30 s); enforcing a lower bound leaves room for timer jitter, so a
+// client pinging at exactly 30 s never collects "too_many_pings" strikes.
+const (
+	KeepaliveTime    = 30 * time.Second
+	KeepaliveTimeout = 5 * time.Second
+	KeepaliveMinTime = 10 * time.Second
+)
+
+// Options of NewServer.
+type Options struct {
+	// TLS is the server's TLS configuration (see ServerTLSConfig). Nil serves
+	// plaintext.
+	TLS *tls.Config
+	// Logger receives stream, ACK/NACK and update logs. slog.Default() when nil.
+	Logger *slog.Logger
+	// GRPCOptions are appended to the server's own options.
+	GRPCOptions []grpc.ServerOption
+}
+
+// Server serves a set of resources over xDS: ADS and the per-type CDS, EDS,
+// LDS and RDS services, each with SotW and Delta streams.
+type Server struct {
+	log    *slog.Logger
+	caches *typeCaches
+	grpc   *grpc.Server
+	cancel context.CancelFunc
+
+	mu      sync.Mutex // serialises Set
+	current Resources
+}
+
+// NewServer returns a server with no resources. Clients may connect before
+// the first Set; they receive the resources when they arrive.
+func NewServer(opts Options) *Server {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	// A restarted server must not reuse versions its clients already hold
+	// for different contents, hence a per-process version prefix.
+	prefix := strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	caches := newTypeCaches(prefix, logger)
+	for _, typeURL := range []string{resource.ClusterType, resource.EndpointType} {
+		caches.get(typeURL)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cb := newCallbacks(logger)
+	xs := xdsserver.NewServer(ctx, caches, cb)
+
+	gopts := []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
+	}
+	if opts.TLS != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(opts.TLS)))
+	}
+	gs := grpc.NewServer(append(gopts, opts.GRPCOptions...)...)
+	discovery.RegisterAggregatedDiscoveryServiceServer(gs, xs)
+	clusterservice.RegisterClusterDiscoveryServiceServer(gs, xs)
+	endpointservice.RegisterEndpointDiscoveryServiceServer(gs, xs)
+	listenerservice.RegisterListenerDiscoveryServiceServer(gs, xs)
+	routeservice.RegisterRouteDiscoveryServiceServer(gs, xs)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+
+	return &Server{
+		log:     logger,
+		caches:  caches,
+		grpc:    gs,
+		cancel:  cancel,
+		current: Resources{},
+	}
+}
+
+// Serve accepts xDS clients on lis until Stop.
+func (s *Server) Serve(lis net.Listener) error {
+	s.log.Info("Serving xDS", "address", lis.Addr().String())
+	return s.grpc.Serve(lis)
+}
+
+// Stop closes the listeners and all streams. Clients reconnect elsewhere or
+// later and keep what they have meanwhile.
+func (s *Server) Stop() {
+	s.cancel()
+	s.grpc.Stop()
+}
+
+// Resources returns the set currently served. It must not be modified.
+func (s *Server) Resources() Resources {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current
+}
+
+// Set replaces the served resources with res. Only what differs from the
+// current set (by proto.Equal) is updated or deleted, so unchanged resources
+// keep their versions and are not sent again. Set takes ownership of the
+// messages in res.
+func (s *Server) Set(res Resources) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	next := make(Resources, len(res))
+	var updated, deleted int
+	for _, typeURL := range slices.Sorted(maps.Keys(unionKeys(s.current, res))) {
+		old, cur := s.current[typeURL], res[typeURL]
+		toUpdate := map[string]types.Resource{}
+		var toDelete []string
+		for name, msg := range cur {
+			if prev, ok := old[name]; !ok || !proto.Equal(prev, msg) {
+				toUpdate[name] = msg
+			}
+		}
+		for name := range old {
+			if _, ok := cur[name]; !ok {
+				toDelete = append(toDelete, name)
+			}
+		}
+		if len(cur) > 0 {
+			next[typeURL] = maps.Clone(cur)
+		}
+		if len(toUpdate) == 0 && len(toDelete) == 0 {
+			continue
+		}
+		c, err := s.caches.getOrCreate(typeURL)
+		if err != nil {
+			return err
+		}
+		if err := c.UpdateResources(toUpdate, toDelete); err != nil {
+			// The cache holds the new state; only notifying some watches
+			// failed (a resource that cannot be marshalled).
+			return fmt.Errorf("updating %s: %w", typeURL, err)
+		}
+		updated += len(toUpdate)
+		deleted += len(toDelete)
+	}
+	s.current = next
+	s.log.Info("Resources applied", "total", next.Len(), "updated", updated, "deleted", deleted)
+	return nil
+}
+
+func unionKeys(a, b Resources) map[string]struct{} {
+	out := map[string]struct{}{}
+	for k := range a {
+		out[k] = struct{}{}
+	}
+	for k := range b {
+		out[k] = struct{}{}
+	}
+	return out
+}
+
+// typeCaches is a cache.Cache holding one LinearCache per type URL, made on
+// first use. Unlike cache.MuxCache, a request for a type the file does not
+// (yet) have gets an empty cache and so an open watch, not a failed stream.
+type typeCaches struct {
+	prefix string
+	log    *cacheLogger
+
+	mu     sync.Mutex
+	byType map[string]*cache.LinearCache
+}
+
+var _ cache.Cache = (*typeCaches)(nil)
+
+func newTypeCaches(prefix string, logger *slog.Logger) *typeCaches {
+	return &typeCaches{prefix: prefix, log: &cacheLogger{logger}, byType: map[string]*cache.LinearCache{}}
+}
+
+func (t *typeCaches) get(typeURL string) *cache.LinearCache {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c, ok := t.byType[typeURL]
+	if !ok {
+		c = cache.NewLinearCache(typeURL, cache.WithVersionPrefix(t.prefix), cache.WithLogger(t.log))
+		t.byType[typeURL] = c
+	}
+	return c
+}
+
+// getOrCreate makes caches only for registered message types, so that
+// clients cannot grow the server by asking for made-up type URLs.
+func (t *typeCaches) getOrCreate(typeURL string) (*cache.LinearCache, error) {
+	t.mu.Lock()
+	c, ok := t.byType[typeURL]
+	t.mu.Unlock()
+	if ok {
+		return c, nil
+	}
+	if _, err := protoregistry.GlobalTypes.FindMessageByURL(typeURL); err != nil {
+		return nil, fmt.Errorf("type %q is not served", typeURL)
+	}
+	return t.get(typeURL), nil
+}
+
+func (t *typeCaches) CreateWatch(req *cache.Request, sub cache.Subscription, ch chan cache.Response) (func(), error) {
+	c, err := t.getOrCreate(req.GetTypeUrl())
+	if err != nil {
+		return nil, err
+	}
+	return c.CreateWatch(req, sub, ch)
+}
+
+func (t *typeCaches) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, ch chan cache.DeltaResponse) (func(), error) {
+	c, err := t.getOrCreate(req.GetTypeUrl())
+	if err != nil {
+		return nil, err
+	}
+	return c.CreateDeltaWatch(req, sub, ch)
+}
+
+func (t *typeCaches) Fetch(ctx context.Context, req *cache.Request) (cache.Response, error) {
+	c, err := t.getOrCreate(req.GetTypeUrl())
+	if err != nil {
+		return nil, err
+	}
+	return c.Fetch(ctx, req)
+}
+
+// cacheLogger adapts go-control-plane's logger to slog. Its Info messages
+// are per-watch chatter, hence Debug.
+type cacheLogger struct{ l *slog.Logger }
+
+func (c *cacheLogger) Debugf(f string, args ...any) { c.l.Debug(fmt.Sprintf(f, args...)) }
+func (c *cacheLogger) Infof(f string, args ...any)  { c.l.Debug(fmt.Sprintf(f, args...)) }
+func (c *cacheLogger) Warnf(f string, args ...any)  { c.l.Warn(fmt.Sprintf(f, args...)) }
+func (c *cacheLogger) Errorf(f string, args ...any) { c.l.Error(fmt.Sprintf(f, args...)) }
+
+// callbacks log stream life and every ACK and NACK. Clients send their node
+// only in the first request of a stream, so it is remembered per stream.
+type callbacks struct {
+	xdsserver.CallbackFuncs
+	log *slog.Logger
+
+	mu    sync.Mutex
+	nodes map[int64]*corev3.Node
+}
+
+func newCallbacks(logger *slog.Logger) *callbacks {
+	c := &callbacks{log: logger, nodes: map[int64]*corev3.Node{}}
+	c.StreamClosedFunc = c.closed
+	c.DeltaStreamClosedFunc = c.closed
+	c.StreamRequestFunc = func(id int64, req *discovery.DiscoveryRequest) error {
+		node := c.node(id, req.GetNode())
+		c.request(id, node, req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+		return nil
+	}
+	c.StreamDeltaRequestFunc = func(id int64, req *discovery.DeltaDiscoveryRequest) error {
+		node := c.node(id, req.GetNode())
+		c.request(id, node, req.GetTypeUrl(), req.GetResponseNonce(), "", req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+		return nil
+	}
+	return c
+}
+
+func (c *callbacks) node(id int64, n *corev3.Node) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n != nil {
+		if _, known := c.nodes[id]; !known {
+			c.log.Info("xDS client connected", "node", n.GetId(), "cluster", n.GetCluster(), "stream", id)
+		}
+		c.nodes[id] = n
+	}
+	return c.nodes[id].GetId()
+}
+
+func (c *callbacks) closed(id int64, _ *corev3.Node) {
+	c.mu.Lock()
+	n, known := c.nodes[id]
+	delete(c.nodes, id)
+	c.mu.Unlock()
+	if known {
+		c.log.Info("xDS client disconnected", "node", n.GetId(), "stream", id)
+	}
+}
+
+func (c *callbacks) request(id int64, node, typeURL, nonce, version, detail string, nack bool) {
+	switch {
+	case nack:
+		c.log.Warn("xDS client rejected a response (NACK)",
+			"node", node, "type", typeURL, "nonce", nonce, "version", version, "error", detail, "stream", id)
+	case nonce != "":
+		c.log.Debug("xDS client accepted a response (ACK)",
+			"node", node, "type", typeURL, "nonce", nonce, "version", version, "stream", id)
+	default:
+		c.log.Debug("xDS client subscribed", "node", node, "type", typeURL, "stream", id)
+	}
+}
