@@ -76,6 +76,30 @@ func ParseL3n4Addr(s string) (L3n4Addr, error) {
 	return a, nil
 }
 
+// Compare orders addresses as their keys do: IPv4 before IPv6, then by
+// address, port and protocol.
+func (a L3n4Addr) Compare(b L3n4Addr) int {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	if a.Port != b.Port {
+		if a.Port < b.Port {
+			return -1
+		}
+		return 1
+	}
+	return int(a.Protocol.key()) - int(b.Protocol.key())
+}
+
+// MarshalText makes the address a plain string in JSON and YAML.
+func (a L3n4Addr) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
+
+// UnmarshalText parses the format of String.
+func (a *L3n4Addr) UnmarshalText(b []byte) (err error) {
+	*a, err = ParseL3n4Addr(string(b))
+	return err
+}
+
 // Key is the address as an index key: 16 address bytes, port (big endian),
 // protocol. IPv4 addresses sort before IPv6 ones.
 func (a L3n4Addr) Key() []byte {
@@ -150,7 +174,7 @@ type FrontendParams struct {
 // writer computed for it, and the status of its reconciliation into the
 // datapath.
 type Frontend struct {
-	FrontendParams
+	FrontendParams `yaml:",inline"`
 	// ID is the service ID the datapath allocated for the frontend (0 until
 	// the datapath has one).
 	ID uint32
@@ -185,6 +209,15 @@ func (s BackendState) String() string {
 	return "unknown(" + strconv.Itoa(int(s)) + ")"
 }
 
+// MarshalText makes the state its name in JSON and YAML.
+func (s BackendState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText parses the output of String.
+func (s *BackendState) UnmarshalText(b []byte) (err error) {
+	*s, err = ParseBackendState(string(b))
+	return err
+}
+
 // ParseBackendState parses the output of String.
 func ParseBackendState(s string) (BackendState, error) {
 	for i, n := range backendStateNames {
@@ -207,9 +240,9 @@ type BackendParams struct {
 // Backend is a row of the backends table: one backend of one service from
 // one source.
 type Backend struct {
-	BackendParams
-	ServiceName ServiceName
-	Source      Source
+	BackendParams `yaml:",inline"`
+	ServiceName   ServiceName
+	Source        Source
 }
 
 // ErrFrontendConflict: the frontend address belongs to another service.

@@ -1,0 +1,485 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package loadbalancer
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+)
+
+// ErrServiceNotFound: the service to delete does not exist.
+var ErrServiceNotFound = errors.New("service not found")
+
+// WriteTxn is a write transaction that holds the services, frontends and
+// backends tables (and whatever else was asked for). Only the Writer makes
+// them, so holding one proves the tables are locked.
+type WriteTxn struct{ statedb.WriteTxn }
+
+// Writer is the only way to change the services, frontends and backends
+// tables. It keeps them consistent: every frontend belongs to an existing
+// service, an address has at most one owner, and each frontend carries the
+// backends of its service.
+//
+// Rows are immutable once written: the *Service given to
+// UpsertServiceAndFrontends becomes a row and must not be modified after.
+//
+// The Writer's methods are called with a WriteTxn from Writer.WriteTxn; the
+// table locks it holds also serialize the use of the Writer's scratch space.
+type Writer struct {
+	db        *statedb.DB
+	services  statedb.RWTable[*Service]
+	frontends statedb.RWTable[*Frontend]
+	backends  statedb.RWTable[*Backend]
+
+	// Scratch buffers, reused under the table locks.
+	svcBackends []*Backend
+	portBuf     []Backend
+	feBuf       []*Frontend
+}
+
+// NewWriter creates the three tables, registers them with db and returns
+// their writer.
+func NewWriter(db *statedb.DB) (*Writer, error) {
+	svcs, err := NewServicesTable(db)
+	if err != nil {
+		return nil, err
+	}
+	fes, err := NewFrontendsTable(db)
+	if err != nil {
+		return nil, err
+	}
+	bes, err := NewBackendsTable(db)
+	if err != nil {
+		return nil, err
+	}
+	return &Writer{db: db, services: svcs, frontends: fes, backends: bes}, nil
+}
+
+// WriteTxn locks the services, frontends and backends tables, plus extra.
+func (w *Writer) WriteTxn(extra ...statedb.TableMeta) WriteTxn {
+	tables := make([]statedb.TableMeta, 0, 3+len(extra))
+	tables = append(tables, w.services, w.frontends, w.backends)
+	return WriteTxn{w.db.WriteTxn(append(tables, extra...)...)}
+}
+
+// ReadTxn returns a snapshot of the database.
+func (w *Writer) ReadTxn() statedb.ReadTxn { return w.db.ReadTxn() }
+
+func (w *Writer) Services() statedb.Table[*Service]   { return w.services }
+func (w *Writer) Frontends() statedb.Table[*Frontend] { return w.frontends }
+func (w *Writer) Backends() statedb.Table[*Backend]   { return w.backends }
+
+// RegisterInitializer registers an initializer on the three tables. They
+// report Initialized only once every initializer called its done func: the
+// datapath prunes nothing before that. Register before the hive starts.
+func (w *Writer) RegisterInitializer(name string) (done func(WriteTxn)) {
+	txn := w.WriteTxn()
+	dones := [...]func(statedb.WriteTxn){
+		w.services.RegisterInitializer(txn, name),
+		w.frontends.RegisterInitializer(txn, name),
+		w.backends.RegisterInitializer(txn, name),
+	}
+	txn.Commit()
+	return func(txn WriteTxn) {
+		for _, d := range dones {
+			d(txn)
+		}
+	}
+}
+
+// UpsertServiceAndFrontends upserts svc and makes fes its exact set of
+// frontends: the service's frontends not in fes are deleted. Each frontend's
+// ServiceName is svc.Name and its Type defaults to LoadBalancer.
+//
+// If an address in fes is owned by another service, or the input is invalid,
+// nothing is written and the error says which address or field; a conflict
+// wraps ErrFrontendConflict. Unchanged rows are not rewritten.
+func (w *Writer) UpsertServiceAndFrontends(txn WriteTxn, svc *Service, fes ...FrontendParams) error {
+	if err := validateService(svc); err != nil {
+		return err
+	}
+
+	// Validate everything and find the current rows before writing anything.
+	var oldBuf [4]*Frontend
+	olds := oldBuf[:0]
+	for i := range fes {
+		fe := &fes[i]
+		if err := validateFrontend(svc.Name, fe); err != nil {
+			return err
+		}
+		for j := range i {
+			if fes[j].Address == fe.Address {
+				return fmt.Errorf("service %q: frontend %s: listed twice", svc.Name, fe.Address)
+			}
+		}
+		old, _, found := w.frontends.Get(txn, FrontendByAddress.Query(fe.Address))
+		if found && old.ServiceName != svc.Name {
+			return fmt.Errorf("frontend %s is owned by service %q: %w", fe.Address, old.ServiceName, ErrFrontendConflict)
+		}
+		olds = append(olds, old) // nil when not found
+	}
+
+	oldSvc, _, found := w.services.Get(txn, ServiceByName.Query(svc.Name))
+	if !found || !oldSvc.equal(svc) {
+		if _, _, err := w.services.Insert(txn, svc); err != nil {
+			return err
+		}
+	}
+
+	// Frontends exist only with their service: a new service has none to
+	// delete, which spares the lookup on the common path.
+	if found {
+		for fe := range w.frontends.List(txn, FrontendByServiceName.Query(svc.Name)) {
+			if !slices.ContainsFunc(fes, func(p FrontendParams) bool { return p.Address == fe.Address }) {
+				if _, _, err := w.frontends.Delete(txn, fe); err != nil {
+					return err
+				}
+			}
+		}
+	}
+
+	if len(fes) == 0 {
+		return nil
+	}
+	svcBackends := w.serviceBackends(txn, svc.Name)
+	var shared []*Backend
+	for i, params := range fes {
+		params.ServiceName = svc.Name
+		if params.Type == "" {
+			params.Type = SVCTypeLoadBalancer
+		}
+		if err := w.writeFrontend(txn, params, olds[i], svcBackends, &shared); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeleteServiceAndFrontends deletes the service and its frontends. Its
+// backends stay: they belong to their source, which deletes them with
+// SetBackends or DeleteBackendsBySource.
+func (w *Writer) DeleteServiceAndFrontends(txn WriteTxn, name ServiceName) (*Service, error) {
+	svc, _, found := w.services.Get(txn, ServiceByName.Query(name))
+	if !found {
+		return nil, fmt.Errorf("service %q: %w", name, ErrServiceNotFound)
+	}
+	if err := w.deleteService(txn, svc); err != nil {
+		return nil, err
+	}
+	return svc, nil
+}
+
+func (w *Writer) deleteService(txn WriteTxn, svc *Service) error {
+	for fe := range w.frontends.List(txn, FrontendByServiceName.Query(svc.Name)) {
+		if _, _, err := w.frontends.Delete(txn, fe); err != nil {
+			return err
+		}
+	}
+	_, _, err := w.services.Delete(txn, svc)
+	return err
+}
+
+// DeleteServicesBySource deletes the services of source and their frontends.
+func (w *Writer) DeleteServicesBySource(txn WriteTxn, source Source) error {
+	for svc := range w.services.All(txn) {
+		if svc.Source == source {
+			if err := w.deleteService(txn, svc); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// SetBackends replaces the backends of (name, source) with bes; none deletes
+// them. The service need not exist yet: its frontends get the backends when
+// it is upserted. Addresses are protocol-less (a backend serves whatever
+// protocol its frontend speaks), so the protocol of bes is dropped. Weight 0
+// is valid and means the backend gets no new flows.
+func (w *Writer) SetBackends(txn WriteTxn, name ServiceName, source Source, bes ...BackendParams) error {
+	if err := validateServiceName(name); err != nil {
+		return err
+	}
+	if source == "" {
+		return fmt.Errorf("service %q: backends: source is empty", name)
+	}
+	var seen map[L3n4Addr]struct{}
+	if len(bes) > 16 {
+		seen = make(map[L3n4Addr]struct{}, len(bes))
+	}
+	for i := range bes {
+		be := &bes[i]
+		if err := validateBackend(name, be); err != nil {
+			return err
+		}
+		addr := backendAddr(be.Address)
+		dup := false
+		if seen != nil {
+			_, dup = seen[addr]
+			seen[addr] = struct{}{}
+		} else {
+			for j := range i {
+				if backendAddr(bes[j].Address) == addr {
+					dup = true
+					break
+				}
+			}
+		}
+		if dup {
+			return fmt.Errorf("service %q: backend %s: listed twice", name, addr)
+		}
+	}
+
+	changed := false
+	for old := range w.backends.List(txn, BackendByServiceName.Query(name)) {
+		if old.Source != source {
+			continue
+		}
+		var keep bool
+		if seen != nil {
+			_, keep = seen[old.Address]
+		} else {
+			keep = slices.ContainsFunc(bes, func(p BackendParams) bool { return backendAddr(p.Address) == old.Address })
+		}
+		if !keep {
+			if _, _, err := w.backends.Delete(txn, old); err != nil {
+				return err
+			}
+			changed = true
+		}
+	}
+
+	var block []Backend // new rows, allocated together
+	for i, params := range bes {
+		params.Address = backendAddr(params.Address)
+		id := BackendID{ServiceName: name, Address: params.Address, Source: source}
+		old, _, found := w.backends.Get(txn, BackendByID.Query(id))
+		if found && old.BackendParams == params {
+			continue
+		}
+		if block == nil {
+			block = make([]Backend, 0, len(bes)-i)
+		}
+		block = append(block, Backend{BackendParams: params, ServiceName: name, Source: source})
+		if _, _, err := w.backends.Insert(txn, &block[len(block)-1]); err != nil {
+			return err
+		}
+		changed = true
+	}
+
+	if changed {
+		return w.refreshFrontends(txn, name)
+	}
+	return nil
+}
+
+// DeleteBackendsBySource deletes the backends of source from every service.
+func (w *Writer) DeleteBackendsBySource(txn WriteTxn, source Source) error {
+	var affected []ServiceName
+	for be := range w.backends.All(txn) {
+		if be.Source != source {
+			continue
+		}
+		if _, _, err := w.backends.Delete(txn, be); err != nil {
+			return err
+		}
+		// Rows come sorted by service name.
+		if n := len(affected); n == 0 || affected[n-1] != be.ServiceName {
+			affected = append(affected, be.ServiceName)
+		}
+	}
+	for _, name := range affected {
+		if err := w.refreshFrontends(txn, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// refreshFrontends recomputes the backends of the frontends of a service.
+func (w *Writer) refreshFrontends(txn WriteTxn, name ServiceName) error {
+	fes := w.feBuf[:0]
+	for fe := range w.frontends.List(txn, FrontendByServiceName.Query(name)) {
+		fes = append(fes, fe)
+	}
+	w.feBuf = fes[:0]
+	if len(fes) == 0 {
+		return nil
+	}
+	defer clear(fes)
+	svcBackends := w.serviceBackends(txn, name)
+	var shared []*Backend
+	for _, fe := range fes {
+		if err := w.writeFrontend(txn, fe.FrontendParams, fe, svcBackends, &shared); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serviceBackends returns the backends of a service from all sources,
+// sorted by address, one per address (the first source in name order wins
+// if two sources list the same address). The result lives in scratch space
+// until the next call.
+func (w *Writer) serviceBackends(txn statedb.ReadTxn, name ServiceName) []*Backend {
+	clear(w.svcBackends)
+	bes := w.svcBackends[:0]
+	for be := range w.backends.List(txn, BackendByServiceName.Query(name)) {
+		bes = append(bes, be)
+	}
+	// The index yields rows in (address, source) order already.
+	if !slices.IsSortedFunc(bes, compareBackends) {
+		slices.SortFunc(bes, compareBackends)
+	}
+	bes = slices.CompactFunc(bes, func(a, b *Backend) bool { return a.Address == b.Address })
+	w.svcBackends = bes
+	return bes
+}
+
+func compareBackends(a, b *Backend) int {
+	if c := a.Address.Compare(b.Address); c != 0 {
+		return c
+	}
+	return strings.Compare(string(a.Source), string(b.Source))
+}
+
+// writeFrontend writes the frontend with params and the backends derived
+// from svcBackends, unless old already has exactly those. A write resets the
+// status to pending so that the datapath reconciles it. *shared caches the
+// persistent copy of svcBackends across the frontends of one service.
+func (w *Writer) writeFrontend(txn WriteTxn, params FrontendParams, old *Frontend, svcBackends []*Backend, shared *[]*Backend) error {
+	var backends []*Backend
+	if params.ServicePort == 0 || len(svcBackends) == 0 {
+		if old != nil && old.FrontendParams == params && backendsEqual(old.Backends, svcBackends) {
+			return nil
+		}
+		if *shared == nil && len(svcBackends) > 0 {
+			*shared = slices.Clone(svcBackends)
+		}
+		backends = *shared
+	} else {
+		ported := w.portBackends(svcBackends, params.ServicePort)
+		if old != nil && old.FrontendParams == params && portedEqual(old.Backends, ported) {
+			return nil
+		}
+		block := slices.Clone(ported)
+		backends = make([]*Backend, len(block))
+		for i := range block {
+			backends[i] = &block[i]
+		}
+	}
+
+	fe := &Frontend{
+		FrontendParams: params,
+		Backends:       backends,
+		Status:         reconciler.StatusPending(),
+	}
+	if old != nil {
+		fe.ID = old.ID
+	}
+	_, _, err := w.frontends.Insert(txn, fe)
+	return err
+}
+
+// portBackends returns copies of bes with the port replaced by port, sorted
+// and one per address, in scratch space.
+func (w *Writer) portBackends(bes []*Backend, port uint16) []Backend {
+	out := w.portBuf[:0]
+	for _, be := range bes {
+		c := *be
+		c.Address.Port = port
+		out = append(out, c)
+	}
+	cmp := func(a, b Backend) int { return compareBackends(&a, &b) }
+	if !slices.IsSortedFunc(out, cmp) {
+		slices.SortFunc(out, cmp)
+	}
+	out = slices.CompactFunc(out, func(a, b Backend) bool { return a.Address == b.Address })
+	w.portBuf = out
+	return out
+}
+
+func backendsEqual(a, b []*Backend) bool {
+	return slices.EqualFunc(a, b, func(x, y *Backend) bool { return x == y || *x == *y })
+}
+
+func portedEqual(a []*Backend, b []Backend) bool {
+	return slices.EqualFunc(a, b, func(x *Backend, y Backend) bool { return *x == y })
+}
+
+// backendAddr is the address as stored for a backend: without protocol.
+func backendAddr(a L3n4Addr) L3n4Addr {
+	return NewL3n4Addr(a.Addr, a.Port, ANY)
+}
+
+//
+// Validation. Errors name the service, the frontend or backend, and the field.
+//
+
+func validateServiceName(name ServiceName) error {
+	if name == "" {
+		return errors.New("service name is empty")
+	}
+	if strings.IndexByte(string(name), 0) >= 0 {
+		return fmt.Errorf("service %q: name contains a NUL byte", name)
+	}
+	return nil
+}
+
+func validateService(svc *Service) error {
+	if svc == nil {
+		return errors.New("service is nil")
+	}
+	if err := validateServiceName(svc.Name); err != nil {
+		return err
+	}
+	if svc.Source == "" {
+		return fmt.Errorf("service %q: source is empty", svc.Name)
+	}
+	for _, p := range svc.SourceRanges {
+		if !p.IsValid() {
+			return fmt.Errorf("service %q: source range %q is not a valid prefix", svc.Name, p)
+		}
+	}
+	if svc.SessionAffinityTimeout < 0 {
+		return fmt.Errorf("service %q: session affinity timeout %s is negative", svc.Name, svc.SessionAffinityTimeout)
+	}
+	return nil
+}
+
+func validateFrontend(name ServiceName, fe *FrontendParams) error {
+	switch {
+	case !fe.Address.Addr.IsValid():
+		return fmt.Errorf("service %q: frontend %s: address is not a valid IP", name, fe.Address)
+	case fe.Address.Port == 0:
+		return fmt.Errorf("service %q: frontend %s: port is zero", name, fe.Address)
+	case fe.Address.Protocol != TCP && fe.Address.Protocol != UDP:
+		return fmt.Errorf("service %q: frontend %s: protocol %q is not TCP or UDP", name, fe.Address, fe.Address.Protocol)
+	case fe.Address.Addr.Is4In6():
+		// Keys are built from unmapped addresses; a mapped one would be a
+		// second key for the same frontend.
+		return fmt.Errorf("service %q: frontend %s: address is IPv4-mapped IPv6, use NewL3n4Addr", name, fe.Address)
+	case fe.ServiceName != "" && fe.ServiceName != name:
+		return fmt.Errorf("service %q: frontend %s: service name is %q", name, fe.Address, fe.ServiceName)
+	case fe.Type != "" && fe.Type != SVCTypeLoadBalancer:
+		return fmt.Errorf("service %q: frontend %s: type %q is not %s", name, fe.Address, fe.Type, SVCTypeLoadBalancer)
+	}
+	return nil
+}
+
+func validateBackend(name ServiceName, be *BackendParams) error {
+	switch {
+	case !be.Address.Addr.IsValid():
+		return fmt.Errorf("service %q: backend %s: address is not a valid IP", name, be.Address)
+	case be.Address.Port == 0:
+		return fmt.Errorf("service %q: backend %s: port is zero", name, be.Address)
+	case be.State > BackendStateMaintenance:
+		return fmt.Errorf("service %q: backend %s: state %s is not valid", name, be.Address, be.State)
+	}
+	return nil
+}
