@@ -7,7 +7,7 @@ import "github.com/cilium/hive/cell"
 // Cell serves the local API on --api-socket.
 var Cell = cell.Module(
 	"api",
-	"Local API: statedb tables, shell and health on a unix socket",
+	"Local API on a unix socket for statedb, shell and health",
 
 	cell.Config(Config{APISocket: DefaultSocket}),
 	cell.Invoke(register),

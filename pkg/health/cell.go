@@ -15,7 +15,7 @@ import (
 // reads it.
 var Cell = cell.Module(
 	"health",
-	"Health of the agent's components",
+	"Health of the agent components",
 
 	cell.Provide(
 		NewRegistry,

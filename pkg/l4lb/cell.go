@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package l4lb
+
+import (
+	"context"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+
+	"github.com/l4xds/l4xds/pkg/loadbalancer"
+	"github.com/l4xds/l4xds/pkg/xds"
+)
+
+// Cell translates the l4lb clusters the xDS client receives into services,
+// frontends and backends. It needs *xds.Client and *loadbalancer.Writer.
+var Cell = cell.Module(
+	"l4lb",
+	"Translates xDS clusters into load-balancing services",
+
+	cell.Provide(newController),
+	cell.Invoke(func(*Controller) {}),
+)
+
+type controllerParams struct {
+	cell.In
+
+	Writer *loadbalancer.Writer
+	Client *xds.Client
+	Jobs   job.Registry
+	Health cell.Health
+}
+
+// newController watches every cluster (wildcard CDS) and the EDS names the
+// l4lb clusters ask for. Watches are registered at construction, before the
+// client starts, so that no update is missed.
+func newController(p controllerParams) *Controller {
+	c := NewController(p.Writer, p.Client)
+	p.Client.Watch(xds.ClusterType, true, c.ClusterHandler())
+	p.Client.Watch(xds.EndpointType, false, c.EndpointHandler())
+
+	// The first CDS response may change nothing (no clusters at all) and
+	// then reaches no handler; a disabled client never responds. Both
+	// report the type synced, which completes the initialization.
+	g := p.Jobs.NewGroup(p.Health)
+	g.Add(job.OneShot("wait-for-clusters", func(ctx context.Context, _ cell.Health) error {
+		select {
+		case <-ctx.Done():
+		case <-p.Client.Synced(xds.ClusterType):
+			c.ClustersSynced()
+		}
+		return nil
+	}))
+	return c
+}

@@ -1,0 +1,324 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package l4lb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+
+	"github.com/l4xds/l4xds/pkg/loadbalancer"
+	"github.com/l4xds/l4xds/pkg/xds"
+)
+
+// NameSetter is the part of the xDS client the controller drives: the set of
+// ClusterLoadAssignment names to request.
+type NameSetter interface {
+	SetNames(typeURL string, names []string)
+}
+
+// InitializerName is the initializer the controller registers on the
+// load-balancing tables.
+const InitializerName = "l4lb-xds"
+
+// Controller turns CDS and EDS updates into services, frontends and
+// backends. Each update is applied in one write transaction; a bad resource
+// is rejected alone and keeps its last accepted rows.
+//
+// The tables are initialized (and the datapath may prune what it restored)
+// once the first CDS update has been applied and every ClusterLoadAssignment
+// it asks for has had an update, or was found not to exist. Until then a
+// restarted agent keeps forwarding with its previous state.
+type Controller struct {
+	writer *loadbalancer.Writer
+	names  NameSetter
+
+	mu sync.Mutex
+	// clusters are the accepted l4lb clusters by name.
+	clusters map[string]*ServiceSpec
+	// users are the clusters of each EDS name.
+	users map[string]map[string]struct{}
+	// clas are the last accepted ClusterLoadAssignments, translated. They
+	// are kept even when no cluster uses them, so that a cluster that
+	// arrives later, or switches to one, gets its backends at once.
+	clas map[string][]loadbalancer.BackendParams
+	// requested are the EDS names last passed to SetNames, sorted.
+	requested []string
+
+	// Initialization: done is nil once called.
+	done    func(loadbalancer.WriteTxn)
+	sawCDS  bool
+	sawEDS  map[string]struct{}
+	pending int // requested names not in sawEDS
+}
+
+// NewController registers the controller's initializer with w. Its handlers
+// are HandleClusters and HandleEndpoints; names receives the EDS names to
+// request.
+func NewController(w *loadbalancer.Writer, names NameSetter) *Controller {
+	return &Controller{
+		writer:   w,
+		names:    names,
+		clusters: map[string]*ServiceSpec{},
+		users:    map[string]map[string]struct{}{},
+		clas:     map[string][]loadbalancer.BackendParams{},
+		done:     w.RegisterInitializer(InitializerName),
+		sawEDS:   map[string]struct{}{},
+	}
+}
+
+// ClusterHandler is HandleClusters as an xds.Handler.
+func (c *Controller) ClusterHandler() xds.Handler { return xds.HandlerFunc(c.HandleClusters) }
+
+// EndpointHandler is HandleEndpoints as an xds.Handler.
+func (c *Controller) EndpointHandler() xds.Handler { return xds.HandlerFunc(c.HandleEndpoints) }
+
+// HandleClusters applies a CDS update.
+func (c *Controller) HandleClusters(_ context.Context, u xds.Update) map[string]error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	rejected := map[string]error{}
+	txn := c.writer.WriteTxn()
+	// Removals first: they free the VIPs that a renamed cluster takes over.
+	for _, name := range u.Removed {
+		if err := c.deleteCluster(txn, name); err != nil {
+			rejected[name] = err
+		}
+	}
+	var conflicts []xds.Resource
+	for _, r := range u.Upserted {
+		if err := c.upsertCluster(txn, r); err != nil {
+			rejected[r.Name] = err
+			if errors.Is(err, loadbalancer.ErrFrontendConflict) {
+				conflicts = append(conflicts, r)
+			}
+		}
+	}
+	// A cluster may want a VIP that a later one in the same update gives
+	// up: retry the conflicts while that makes progress. (Two clusters
+	// swapping VIPs in one update still conflict.)
+	for progress := true; progress && len(conflicts) > 0; {
+		progress = false
+		remaining := conflicts[:0]
+		for _, r := range conflicts {
+			if err := c.upsertCluster(txn, r); err != nil {
+				rejected[r.Name] = err
+				remaining = append(remaining, r)
+			} else {
+				delete(rejected, r.Name)
+				progress = true
+			}
+		}
+		conflicts = remaining
+	}
+	c.sawCDS = true
+	c.updateNames()
+	c.maybeInitialized(txn)
+	txn.Commit()
+	return rejected
+}
+
+func (c *Controller) upsertCluster(txn loadbalancer.WriteTxn, r xds.Resource) error {
+	cl, ok := r.Message.(*clusterv3.Cluster)
+	if !ok {
+		return fmt.Errorf("cluster %q: message is a %T, not a Cluster", r.Name, r.Message)
+	}
+	spec, err := TranslateCluster(cl)
+	if err != nil {
+		return err
+	}
+	prev, had := c.clusters[r.Name]
+	if spec == nil {
+		// Not ours, or no longer ours: a cluster that lost its metadata
+		// leaves nothing behind.
+		if had {
+			return c.deleteCluster(txn, r.Name)
+		}
+		return nil
+	}
+	if cl.GetName() != r.Name {
+		return &Error{Kind: "cluster", Name: r.Name, Field: "name", Err: fmt.Errorf("%q differs from the resource name", cl.GetName())}
+	}
+
+	// The writer checks everything before it writes, so a conflict leaves
+	// this cluster's previous rows as they were.
+	if err := c.writer.UpsertServiceAndFrontends(txn, spec.Service, spec.Frontends...); err != nil {
+		return fmt.Errorf("cluster %q: %w", r.Name, err)
+	}
+
+	name := loadbalancer.ServiceName(r.Name)
+	switch {
+	case spec.EDSName == "":
+		err = c.writer.SetBackends(txn, name, loadbalancer.SourceXDS, spec.Backends...)
+	case !had || prev.EDSName != spec.EDSName:
+		// The backends of the new CLA if known, none otherwise: the old
+		// CLA's backends must not serve the new name.
+		err = c.writer.SetBackends(txn, name, loadbalancer.SourceXDS, c.clas[spec.EDSName]...)
+	}
+	if err != nil {
+		return fmt.Errorf("cluster %q: %w", r.Name, err)
+	}
+
+	if had {
+		c.removeUser(prev.EDSName, r.Name)
+	}
+	if spec.EDSName != "" {
+		if c.users[spec.EDSName] == nil {
+			c.users[spec.EDSName] = map[string]struct{}{}
+		}
+		c.users[spec.EDSName][r.Name] = struct{}{}
+	}
+	c.clusters[r.Name] = spec
+	return nil
+}
+
+func (c *Controller) deleteCluster(txn loadbalancer.WriteTxn, name string) error {
+	prev, had := c.clusters[name]
+	if !had {
+		return nil
+	}
+	svc := loadbalancer.ServiceName(name)
+	if _, err := c.writer.DeleteServiceAndFrontends(txn, svc); err != nil {
+		return fmt.Errorf("cluster %q: %w", name, err)
+	}
+	if err := c.writer.SetBackends(txn, svc, loadbalancer.SourceXDS); err != nil {
+		return fmt.Errorf("cluster %q: %w", name, err)
+	}
+	c.removeUser(prev.EDSName, name)
+	delete(c.clusters, name)
+	return nil
+}
+
+func (c *Controller) removeUser(edsName, cluster string) {
+	if edsName == "" {
+		return
+	}
+	delete(c.users[edsName], cluster)
+	if len(c.users[edsName]) == 0 {
+		delete(c.users, edsName)
+	}
+}
+
+// updateNames requests the EDS names of the accepted clusters, if they
+// changed.
+func (c *Controller) updateNames() {
+	names := slices.Sorted(maps.Keys(c.users))
+	if slices.Equal(names, c.requested) && c.requested != nil {
+		return
+	}
+	if names == nil {
+		names = []string{}
+	}
+	c.requested = names
+	c.names.SetNames(xds.EndpointType, names)
+
+	c.pending = 0
+	for _, n := range names {
+		if _, ok := c.sawEDS[n]; !ok {
+			c.pending++
+		}
+	}
+}
+
+// ClustersSynced tells the controller that the first CDS response has been
+// handled. The xDS client calls no handler for a response that changes
+// nothing (such as a first response without clusters), so the cell calls
+// this when the client reports the cluster type synced.
+func (c *Controller) ClustersSynced() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		return
+	}
+	c.sawCDS = true
+	if c.requested == nil {
+		c.updateNames()
+	}
+	txn := c.writer.WriteTxn()
+	c.maybeInitialized(txn)
+	txn.Commit()
+}
+
+// HandleEndpoints applies an EDS update.
+func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string]error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	rejected := map[string]error{}
+	txn := c.writer.WriteTxn()
+	for _, r := range u.Upserted {
+		cla, ok := r.Message.(*endpointv3.ClusterLoadAssignment)
+		if !ok {
+			rejected[r.Name] = fmt.Errorf("cluster_load_assignment %q: message is a %T, not a ClusterLoadAssignment", r.Name, r.Message)
+			continue
+		}
+		if cla.GetClusterName() != r.Name {
+			rejected[r.Name] = &Error{Kind: "cluster_load_assignment", Name: r.Name, Field: "cluster_name", Err: fmt.Errorf("%q differs from the resource name", cla.GetClusterName())}
+			continue
+		}
+		bes, err := TranslateEndpoints(cla)
+		if err != nil {
+			// The server has answered, if badly: a broken CLA must not
+			// hold back the initialization of every other service.
+			c.sawEndpoints(r.Name)
+			rejected[r.Name] = err
+			continue
+		}
+		c.clas[r.Name] = bes
+		if err := c.setBackends(txn, r.Name, bes); err != nil {
+			rejected[r.Name] = err
+		}
+		c.sawEndpoints(r.Name)
+	}
+	for _, name := range u.Removed {
+		delete(c.clas, name)
+		if err := c.setBackends(txn, name, nil); err != nil {
+			rejected[name] = err
+		}
+		c.sawEndpoints(name)
+	}
+	c.maybeInitialized(txn)
+	txn.Commit()
+	return rejected
+}
+
+// setBackends gives bes to every cluster of the EDS name.
+func (c *Controller) setBackends(txn loadbalancer.WriteTxn, edsName string, bes []loadbalancer.BackendParams) error {
+	for cluster := range c.users[edsName] {
+		if err := c.writer.SetBackends(txn, loadbalancer.ServiceName(cluster), loadbalancer.SourceXDS, bes...); err != nil {
+			return fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, cluster, err)
+		}
+	}
+	return nil
+}
+
+func (c *Controller) sawEndpoints(name string) {
+	if c.done == nil {
+		return
+	}
+	if _, ok := c.sawEDS[name]; ok {
+		return
+	}
+	c.sawEDS[name] = struct{}{}
+	if _, ok := c.users[name]; ok {
+		c.pending--
+	}
+}
+
+// maybeInitialized marks the tables initialized once the first full state
+// has arrived.
+func (c *Controller) maybeInitialized(txn loadbalancer.WriteTxn) {
+	if c.done == nil || !c.sawCDS || c.pending > 0 {
+		return
+	}
+	c.done(txn)
+	c.done = nil
+	c.sawEDS = nil
+}

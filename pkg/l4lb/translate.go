@@ -1,0 +1,504 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package l4lb
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+// MetadataKey is the filter_metadata key that makes a cluster an L4 load
+// balancer.
+const MetadataKey = "io.cilium.l4lb"
+
+// ServiceSpec is what one l4lb cluster asks for.
+type ServiceSpec struct {
+	// Service is named after the cluster; its Source is SourceXDS.
+	Service   *loadbalancer.Service
+	Frontends []loadbalancer.FrontendParams
+	// EDSName is the ClusterLoadAssignment to watch, "" for STATIC clusters.
+	EDSName string
+	// Backends are the inline load_assignment of a STATIC cluster.
+	Backends []loadbalancer.BackendParams
+}
+
+// Error is a rejected resource: which one, which field in it, and why.
+type Error struct {
+	// Kind is "cluster" or "cluster_load_assignment".
+	Kind string
+	Name string
+	// Field is the path of the offending field, such as
+	// "io.cilium.l4lb.frontends[1].vip"; empty when the whole resource is
+	// at fault.
+	Field string
+	Err   error
+}
+
+func (e *Error) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("%s %q: %v", e.Kind, e.Name, e.Err)
+	}
+	return fmt.Sprintf("%s %q: %s: %v", e.Kind, e.Name, e.Field, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// fieldError is an error at a path, before the resource is known.
+type fieldError struct {
+	path string
+	err  error
+}
+
+func fieldErrorf(path, format string, args ...any) *fieldError {
+	return &fieldError{path: path, err: fmt.Errorf(format, args...)}
+}
+
+func (fe *fieldError) in(kind, name string) error {
+	return &Error{Kind: kind, Name: name, Field: fe.path, Err: fe.err}
+}
+
+var (
+	serviceKeys  = []string{"vip", "port", "protocol", "frontends", "source_ranges", "session_affinity_timeout"}
+	frontendKeys = []string{"vip", "port", "protocol", "target_port"}
+)
+
+// TranslateCluster translates an l4lb cluster. A cluster without
+// io.cilium.l4lb metadata is not ours: it returns (nil, nil), never an
+// error. Errors are *Error.
+func TranslateCluster(c *clusterv3.Cluster) (*ServiceSpec, error) {
+	md, ours := c.GetMetadata().GetFilterMetadata()[MetadataKey]
+	if !ours {
+		return nil, nil
+	}
+	name := c.GetName()
+	if name == "" {
+		return nil, fieldErrorf("name", "must not be empty").in("cluster", name)
+	}
+	spec, fe := translateMetadata(name, md.GetFields())
+	if fe != nil {
+		return nil, fe.in("cluster", name)
+	}
+	if fe := translateDiscovery(c, spec); fe != nil {
+		return nil, fe.in("cluster", name)
+	}
+	return spec, nil
+}
+
+func translateMetadata(name string, fields map[string]*structpb.Value) (*ServiceSpec, *fieldError) {
+	const path = MetadataKey
+	if fe := checkKeys(fields, path, serviceKeys); fe != nil {
+		return nil, fe
+	}
+	svcName := loadbalancer.ServiceName(name)
+	spec := &ServiceSpec{
+		Service: &loadbalancer.Service{Name: svcName, Source: loadbalancer.SourceXDS},
+	}
+
+	if list, ok := fields["frontends"]; ok {
+		for _, k := range []string{"vip", "port", "protocol"} {
+			if _, ok := fields[k]; ok {
+				return nil, fieldErrorf(path+"."+k, "cannot be combined with frontends (give either vip and port, or frontends)")
+			}
+		}
+		fes, fe := translateFrontends(svcName, list, path+".frontends")
+		if fe != nil {
+			return nil, fe
+		}
+		spec.Frontends = fes
+	} else {
+		_, hasVIP := fields["vip"]
+		_, hasPort := fields["port"]
+		_, hasProto := fields["protocol"]
+		if !hasVIP && !hasPort && !hasProto {
+			return nil, fieldErrorf(path, "neither vip nor frontends is set")
+		}
+		fe, ferr := translateFrontend(svcName, fields, path, false)
+		if ferr != nil {
+			return nil, ferr
+		}
+		spec.Frontends = []loadbalancer.FrontendParams{fe}
+	}
+
+	if v, ok := fields["source_ranges"]; ok {
+		ranges, fe := translateSourceRanges(v, path+".source_ranges")
+		if fe != nil {
+			return nil, fe
+		}
+		spec.Service.SourceRanges = ranges
+	}
+
+	if v, ok := fields["session_affinity_timeout"]; ok {
+		d, fe := translateTimeout(v, path+".session_affinity_timeout")
+		if fe != nil {
+			return nil, fe
+		}
+		spec.Service.SessionAffinity = true
+		spec.Service.SessionAffinityTimeout = d
+	}
+	return spec, nil
+}
+
+// checkKeys rejects keys not in known, in sorted order so that the error is
+// deterministic.
+func checkKeys(fields map[string]*structpb.Value, path string, known []string) *fieldError {
+	var unknown []string
+	for k := range fields {
+		if !slices.Contains(known, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	return fieldErrorf(path+"."+unknown[0], "unknown key (known: %s)", strings.Join(known, ", "))
+}
+
+func translateFrontends(svc loadbalancer.ServiceName, v *structpb.Value, path string) ([]loadbalancer.FrontendParams, *fieldError) {
+	list, ok := v.GetKind().(*structpb.Value_ListValue)
+	if !ok {
+		return nil, fieldErrorf(path, "want a list, got %s", describe(v))
+	}
+	items := list.ListValue.GetValues()
+	if len(items) == 0 {
+		return nil, fieldErrorf(path, "must not be empty")
+	}
+	fes := make([]loadbalancer.FrontendParams, 0, len(items))
+	seen := make(map[loadbalancer.L3n4Addr]int, len(items))
+	for i, item := range items {
+		itemPath := fmt.Sprintf("%s[%d]", path, i)
+		st, ok := item.GetKind().(*structpb.Value_StructValue)
+		if !ok {
+			return nil, fieldErrorf(itemPath, "want a struct of vip, port, protocol, target_port, got %s", describe(item))
+		}
+		fields := st.StructValue.GetFields()
+		if fe := checkKeys(fields, itemPath, frontendKeys); fe != nil {
+			return nil, fe
+		}
+		fe, ferr := translateFrontend(svc, fields, itemPath, true)
+		if ferr != nil {
+			return nil, ferr
+		}
+		if j, dup := seen[fe.Address]; dup {
+			return nil, fieldErrorf(itemPath, "%s duplicates frontends[%d]", fe.Address, j)
+		}
+		seen[fe.Address] = i
+		fes = append(fes, fe)
+	}
+	return fes, nil
+}
+
+// translateFrontend reads vip, port, protocol and (in a frontends entry)
+// target_port from fields at path.
+func translateFrontend(svc loadbalancer.ServiceName, fields map[string]*structpb.Value, path string, entry bool) (loadbalancer.FrontendParams, *fieldError) {
+	var zero loadbalancer.FrontendParams
+	alt := " (or use frontends)"
+	if entry {
+		alt = ""
+	}
+	v, ok := fields["vip"]
+	if !ok {
+		return zero, fieldErrorf(path+".vip", "required%s", alt)
+	}
+	s, fe := stringValue(v, path+".vip")
+	if fe != nil {
+		return zero, fe
+	}
+	vip, fe := parseIP(s, path+".vip")
+	if fe != nil {
+		return zero, fe
+	}
+
+	v, ok = fields["port"]
+	if !ok {
+		return zero, fieldErrorf(path+".port", "required")
+	}
+	port, fe := portValue(v, path+".port")
+	if fe != nil {
+		return zero, fe
+	}
+
+	proto := loadbalancer.TCP
+	if v, ok := fields["protocol"]; ok {
+		s, fe := stringValue(v, path+".protocol")
+		if fe != nil {
+			return zero, fe
+		}
+		p, err := loadbalancer.ParseL4Type(s)
+		if err != nil {
+			return zero, &fieldError{path: path + ".protocol", err: err}
+		}
+		proto = p
+	}
+
+	var target uint16
+	if v, ok := fields["target_port"]; ok {
+		if target, fe = portValue(v, path+".target_port"); fe != nil {
+			return zero, fe
+		}
+	}
+
+	return loadbalancer.FrontendParams{
+		Address:     loadbalancer.NewL3n4Addr(vip, port, proto),
+		Type:        loadbalancer.SVCTypeLoadBalancer,
+		ServiceName: svc,
+		ServicePort: target,
+	}, nil
+}
+
+func translateSourceRanges(v *structpb.Value, path string) ([]netip.Prefix, *fieldError) {
+	list, ok := v.GetKind().(*structpb.Value_ListValue)
+	if !ok {
+		return nil, fieldErrorf(path, "want a list of CIDR strings, got %s", describe(v))
+	}
+	var ranges []netip.Prefix
+	for i, item := range list.ListValue.GetValues() {
+		itemPath := fmt.Sprintf("%s[%d]", path, i)
+		s, fe := stringValue(item, itemPath)
+		if fe != nil {
+			return nil, fe
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fieldErrorf(itemPath, "%q is not a CIDR", s)
+		}
+		// Host bits are ignored, as Kubernetes' loadBalancerSourceRanges
+		// does; duplicates would only waste datapath entries.
+		p = p.Masked()
+		if !slices.Contains(ranges, p) {
+			ranges = append(ranges, p)
+		}
+	}
+	return ranges, nil
+}
+
+func translateTimeout(v *structpb.Value, path string) (time.Duration, *fieldError) {
+	s, fe := stringValue(v, path)
+	if fe != nil {
+		return 0, fe
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fieldErrorf(path, "%q is not a duration (like \"3h\" or \"10800s\")", s)
+	}
+	if d <= 0 {
+		return 0, fieldErrorf(path, "%q must be positive", s)
+	}
+	// The datapath keeps the timeout in 32-bit seconds.
+	if d > math.MaxUint32*time.Second {
+		return 0, fieldErrorf(path, "%q is too long (at most %s)", s, time.Duration(math.MaxUint32)*time.Second)
+	}
+	return d, nil
+}
+
+func stringValue(v *structpb.Value, path string) (string, *fieldError) {
+	s, ok := v.GetKind().(*structpb.Value_StringValue)
+	if !ok {
+		return "", fieldErrorf(path, "want a string, got %s", describe(v))
+	}
+	return s.StringValue, nil
+}
+
+// portValue reads a port. Struct numbers are float64: anything that is not
+// an integer in 1..65535 is an error, never rounded.
+func portValue(v *structpb.Value, path string) (uint16, *fieldError) {
+	n, ok := v.GetKind().(*structpb.Value_NumberValue)
+	if !ok {
+		return 0, fieldErrorf(path, "want a number, got %s", describe(v))
+	}
+	f := n.NumberValue
+	if math.IsNaN(f) || math.IsInf(f, 0) || f != math.Trunc(f) {
+		return 0, fieldErrorf(path, "%s is not an integer", formatNumber(f))
+	}
+	if f < 1 || f > 65535 {
+		return 0, fieldErrorf(path, "%s is out of range 1..65535", formatNumber(f))
+	}
+	return uint16(f), nil
+}
+
+// parseIP parses a VIP or backend address: an IPv4 or IPv6 literal that can
+// be a packet's destination.
+func parseIP(s, path string) (netip.Addr, *fieldError) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, fieldErrorf(path, "%q is not an IP address", s)
+	}
+	switch {
+	case ip.Zone() != "":
+		return netip.Addr{}, fieldErrorf(path, "%q has a zone, which is not supported", s)
+	case ip.Unmap().IsUnspecified():
+		return netip.Addr{}, fieldErrorf(path, "%q is the unspecified address", s)
+	case ip.Unmap().IsMulticast():
+		return netip.Addr{}, fieldErrorf(path, "%q is a multicast address", s)
+	}
+	return ip.Unmap(), nil
+}
+
+func formatNumber(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+// describe names a Struct value for "want X, got Y" errors.
+func describe(v *structpb.Value) string {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		return fmt.Sprintf("string %q", k.StringValue)
+	case *structpb.Value_NumberValue:
+		return "number " + formatNumber(k.NumberValue)
+	case *structpb.Value_BoolValue:
+		return "bool " + strconv.FormatBool(k.BoolValue)
+	case *structpb.Value_ListValue:
+		return "a list"
+	case *structpb.Value_StructValue:
+		return "a struct"
+	}
+	return "null"
+}
+
+// translateDiscovery fills in where the backends come from.
+func translateDiscovery(c *clusterv3.Cluster, spec *ServiceSpec) *fieldError {
+	if ct, ok := c.GetClusterDiscoveryType().(*clusterv3.Cluster_ClusterType); ok {
+		return fieldErrorf("type", "cluster_type extension %q is not supported (want EDS or STATIC)", ct.ClusterType.GetName())
+	}
+	switch t := c.GetType(); t {
+	case clusterv3.Cluster_EDS:
+		// An inline load_assignment of an EDS cluster is ignored, as Envoy
+		// does.
+		spec.EDSName = c.GetEdsClusterConfig().GetServiceName()
+		if spec.EDSName == "" {
+			spec.EDSName = c.GetName()
+		}
+	case clusterv3.Cluster_STATIC:
+		la := c.GetLoadAssignment()
+		if la == nil {
+			// Also catches a forgotten "type: EDS": STATIC is the default.
+			return fieldErrorf("load_assignment", "required for a STATIC cluster (or set type: EDS)")
+		}
+		bes, fe := translateCLA(la, "load_assignment.")
+		if fe != nil {
+			return fe
+		}
+		spec.Backends = bes
+	default:
+		return fieldErrorf("type", "%s is not supported (want EDS or STATIC)", t)
+	}
+	return nil
+}
+
+// TranslateEndpoints translates a ClusterLoadAssignment into backends, in
+// its order. Errors are *Error.
+func TranslateEndpoints(cla *endpointv3.ClusterLoadAssignment) ([]loadbalancer.BackendParams, error) {
+	name := cla.GetClusterName()
+	if name == "" {
+		return nil, fieldErrorf("cluster_name", "must not be empty").in("cluster_load_assignment", name)
+	}
+	bes, fe := translateCLA(cla, "")
+	if fe != nil {
+		return nil, fe.in("cluster_load_assignment", name)
+	}
+	return bes, nil
+}
+
+func translateCLA(cla *endpointv3.ClusterLoadAssignment, prefix string) ([]loadbalancer.BackendParams, *fieldError) {
+	var bes []loadbalancer.BackendParams
+	seen := make(map[loadbalancer.L3n4Addr]string)
+	for i, lle := range cla.GetEndpoints() {
+		lpath := fmt.Sprintf("%sendpoints[%d]", prefix, i)
+		switch lle.GetLbConfig().(type) {
+		case *endpointv3.LocalityLbEndpoints_LoadBalancerEndpoints:
+			return nil, fieldErrorf(lpath+".load_balancer_endpoints", "is not supported (use lb_endpoints)")
+		case *endpointv3.LocalityLbEndpoints_LedsClusterLocalityConfig:
+			return nil, fieldErrorf(lpath+".leds_cluster_locality_config", "LEDS is not supported (use lb_endpoints)")
+		}
+		for j, lbe := range lle.GetLbEndpoints() {
+			epath := fmt.Sprintf("%s.lb_endpoints[%d]", lpath, j)
+			be, fe := translateLbEndpoint(lbe, epath)
+			if fe != nil {
+				return nil, fe
+			}
+			be.Priority = lle.GetPriority()
+			be.Zone = lle.GetLocality().GetZone()
+			if other, dup := seen[be.Address]; dup {
+				return nil, fieldErrorf(epath+".endpoint.address.socket_address", "%s duplicates %s", be.Address, other)
+			}
+			seen[be.Address] = strings.TrimPrefix(epath, prefix)
+			bes = append(bes, be)
+		}
+	}
+	return bes, nil
+}
+
+func translateLbEndpoint(lbe *endpointv3.LbEndpoint, path string) (loadbalancer.BackendParams, *fieldError) {
+	var zero loadbalancer.BackendParams
+	if _, named := lbe.GetHostIdentifier().(*endpointv3.LbEndpoint_EndpointName); named {
+		return zero, fieldErrorf(path+".endpoint_name", "named endpoints are not supported (use endpoint)")
+	}
+	addr := lbe.GetEndpoint().GetAddress()
+	apath := path + ".endpoint.address"
+	var sa *corev3.SocketAddress
+	switch a := addr.GetAddress().(type) {
+	case *corev3.Address_SocketAddress:
+		sa = a.SocketAddress
+	case *corev3.Address_Pipe:
+		return zero, fieldErrorf(apath+".pipe", "pipe addresses are not supported (use socket_address)")
+	case *corev3.Address_EnvoyInternalAddress:
+		return zero, fieldErrorf(apath+".envoy_internal_address", "internal addresses are not supported (use socket_address)")
+	}
+	if sa == nil {
+		return zero, fieldErrorf(apath+".socket_address", "required")
+	}
+	sapath := apath + ".socket_address"
+	ip, fe := parseIP(sa.GetAddress(), sapath+".address")
+	if fe != nil {
+		return zero, fe
+	}
+	if _, named := sa.GetPortSpecifier().(*corev3.SocketAddress_NamedPort); named {
+		return zero, fieldErrorf(sapath+".named_port", "named ports are not supported (use port_value)")
+	}
+	if p := sa.GetPortValue(); p < 1 || p > 65535 {
+		return zero, fieldErrorf(sapath+".port_value", "%d is out of range 1..65535", p)
+	}
+
+	weight := uint32(1)
+	if w := lbe.GetLoadBalancingWeight(); w != nil {
+		weight = w.GetValue()
+		if weight < 1 || weight > 65535 {
+			return zero, fieldErrorf(path+".load_balancing_weight", "%d is out of range 1..65535", weight)
+		}
+	}
+
+	state, err := backendState(lbe.GetHealthStatus())
+	if err != nil {
+		return zero, &fieldError{path: path + ".health_status", err: err}
+	}
+
+	return loadbalancer.BackendParams{
+		Address: loadbalancer.NewL3n4Addr(ip, uint16(sa.GetPortValue()), loadbalancer.ANY),
+		Weight:  uint16(weight),
+		State:   state,
+	}, nil
+}
+
+// backendState maps Envoy's health status onto Cilium's backend states.
+func backendState(hs corev3.HealthStatus) (loadbalancer.BackendState, error) {
+	switch hs {
+	case corev3.HealthStatus_UNKNOWN, corev3.HealthStatus_HEALTHY, corev3.HealthStatus_DEGRADED:
+		return loadbalancer.BackendStateActive, nil
+	case corev3.HealthStatus_DRAINING:
+		return loadbalancer.BackendStateTerminating, nil
+	case corev3.HealthStatus_UNHEALTHY, corev3.HealthStatus_TIMEOUT:
+		return loadbalancer.BackendStateQuarantined, nil
+	}
+	return 0, errors.New(strconv.Itoa(int(hs)) + " is not a known health status")
+}

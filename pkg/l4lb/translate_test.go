@@ -1,0 +1,702 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package l4lb
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+
+	"github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+// specString prints a spec one line per row, so that tests read like the
+// tables an operator sees.
+func specString(s *ServiceSpec) string {
+	if s == nil {
+		return "<not ours>"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "service %s source=%s", s.Service.Name, s.Service.Source)
+	if len(s.Service.SourceRanges) > 0 {
+		fmt.Fprintf(&b, " ranges=%v", s.Service.SourceRanges)
+	}
+	if s.Service.SessionAffinity {
+		fmt.Fprintf(&b, " affinity=%s", s.Service.SessionAffinityTimeout)
+	}
+	b.WriteString("\n")
+	for _, fe := range s.Frontends {
+		fmt.Fprintf(&b, "frontend %s %s svc=%s", fe.Address, fe.Type, fe.ServiceName)
+		if fe.ServicePort != 0 {
+			fmt.Fprintf(&b, " target=%d", fe.ServicePort)
+		}
+		b.WriteString("\n")
+	}
+	if s.EDSName != "" {
+		fmt.Fprintf(&b, "eds %s\n", s.EDSName)
+	}
+	b.WriteString(backendsString(s.Backends))
+	return b.String()
+}
+
+func backendsString(bes []loadbalancer.BackendParams) string {
+	var b strings.Builder
+	for _, be := range bes {
+		fmt.Fprintf(&b, "backend %s weight=%d %s", be.Address, be.Weight, be.State)
+		if be.Priority != 0 {
+			fmt.Fprintf(&b, " priority=%d", be.Priority)
+		}
+		if be.Zone != "" {
+			fmt.Fprintf(&b, " zone=%s", be.Zone)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func TestTranslateCFPExample(t *testing.T) {
+	msgs := loadResources(t, "testdata/cfp.yaml")
+	if len(msgs) != 2 {
+		t.Fatalf("want 2 resources, got %d", len(msgs))
+	}
+	spec, err := TranslateCluster(msgs[0].(*clusterv3.Cluster))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "service my-database-service source=xds\n" +
+		"frontend 10.1.2.3:3306/TCP LoadBalancer svc=my-database-service\n" +
+		"eds my-database-service\n"
+	if got := specString(spec); got != want {
+		t.Errorf("cluster:\ngot:\n%s\nwant:\n%s", got, want)
+	}
+
+	bes, err := TranslateEndpoints(msgs[1].(*endpointv3.ClusterLoadAssignment))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = "backend 192.168.1.10:3306 weight=1 active\n" +
+		"backend 192.168.1.11:3306 weight=1 active\n"
+	if got := backendsString(bes); got != want {
+		t.Errorf("endpoints:\ngot:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// l4lbCluster is an EDS cluster "db" whose io.cilium.l4lb metadata is meta,
+// a YAML flow mapping.
+func l4lbCluster(meta string) string {
+	return "name: db\ntype: EDS\nmetadata:\n  filter_metadata:\n    io.cilium.l4lb: " + meta + "\n"
+}
+
+func TestTranslateCluster(t *testing.T) {
+	const known = "(known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout)"
+	tests := []struct {
+		name    string
+		cluster string // YAML
+		want    string // specString, when no error
+		wantErr string
+	}{
+		// Not ours.
+		{
+			name:    "no metadata",
+			cluster: "name: envoy-only\ntype: EDS",
+			want:    "<not ours>",
+		},
+		{
+			name:    "other filter metadata",
+			cluster: "name: envoy-only\ntype: STRICT_DNS\nmetadata: {filter_metadata: {envoy.lb: {canary: true}}}",
+			want:    "<not ours>",
+		},
+
+		// Single frontend.
+		{
+			name:    "vip and port, protocol defaults to TCP",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 3306}`),
+			want:    "service db source=xds\nfrontend 10.1.2.3:3306/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "protocol is case-insensitive",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 53, protocol: udp}`),
+			want:    "service db source=xds\nfrontend 10.1.2.3:53/UDP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "IPv6 vip",
+			cluster: l4lbCluster(`{vip: "2001:db8::1", port: 443, protocol: Tcp}`),
+			want:    "service db source=xds\nfrontend [2001:db8::1]:443/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "IPv4-mapped IPv6 vip is the IPv4 address",
+			cluster: l4lbCluster(`{vip: "::ffff:10.1.2.3", port: 80}`),
+			want:    "service db source=xds\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "port bounds",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 65535}`),
+			want:    "service db source=xds\nfrontend 10.1.2.3:65535/TCP LoadBalancer svc=db\neds db\n",
+		},
+
+		// Several frontends.
+		{
+			name:    "DNS on TCP and UDP",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.0.0.53", port: 53, protocol: UDP}, {vip: "10.0.0.53", port: 53, protocol: TCP}]}`),
+			want: "service db source=xds\n" +
+				"frontend 10.0.0.53:53/UDP LoadBalancer svc=db\n" +
+				"frontend 10.0.0.53:53/TCP LoadBalancer svc=db\n" +
+				"eds db\n",
+		},
+		{
+			name:    "dual-stack with target_port",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3", port: 80, target_port: 8080}, {vip: "2001:db8::3", port: 80, target_port: 8080}]}`),
+			want: "service db source=xds\n" +
+				"frontend 10.1.2.3:80/TCP LoadBalancer svc=db target=8080\n" +
+				"frontend [2001:db8::3]:80/TCP LoadBalancer svc=db target=8080\n" +
+				"eds db\n",
+		},
+
+		// Service options.
+		{
+			name:    "source_ranges are masked and deduplicated",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, source_ranges: ["10.0.0.0/8", "192.168.1.7/24", "10.0.0.0/8", "2001:db8::/32"]}`),
+			want:    "service db source=xds ranges=[10.0.0.0/8 192.168.1.0/24 2001:db8::/32]\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "empty source_ranges allow everyone",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, source_ranges: []}`),
+			want:    "service db source=xds\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "session_affinity_timeout in hours",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, session_affinity_timeout: "3h"}`),
+			want:    "service db source=xds affinity=3h0m0s\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "session_affinity_timeout in seconds",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, session_affinity_timeout: "10800s"}`),
+			want:    "service db source=xds affinity=3h0m0s\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+
+		// Discovery.
+		{
+			name:    "EDS service_name names the CLA",
+			cluster: "name: db\ntype: EDS\neds_cluster_config: {service_name: db-endpoints}\nmetadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.3, port: 5432}}}",
+			want:    "service db source=xds\nfrontend 10.1.2.3:5432/TCP LoadBalancer svc=db\neds db-endpoints\n",
+		},
+		{
+			name: "STATIC with inline load_assignment",
+			cluster: `
+name: db
+type: STATIC
+metadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.3, port: 5432}}}
+load_assignment:
+  cluster_name: ignored
+  endpoints:
+  - locality: {zone: zone-a}
+    lb_endpoints:
+    - endpoint: {address: {socket_address: {address: 10.0.1.1, port_value: 5432}}}
+      load_balancing_weight: 70
+    - endpoint: {address: {socket_address: {address: 10.0.1.2, port_value: 5432}}}
+      health_status: DRAINING
+  - priority: 1
+    lb_endpoints:
+    - endpoint: {address: {socket_address: {address: "fd00::1", port_value: 5432}}}
+`,
+			want: "service db source=xds\nfrontend 10.1.2.3:5432/TCP LoadBalancer svc=db\n" +
+				"backend 10.0.1.1:5432 weight=70 active zone=zone-a\n" +
+				"backend 10.0.1.2:5432 weight=1 terminating zone=zone-a\n" +
+				"backend [fd00::1]:5432 weight=1 active priority=1\n",
+		},
+		{
+			name:    "STATIC with an empty load_assignment has no backends",
+			cluster: "name: db\ntype: STATIC\nload_assignment: {cluster_name: db}\nmetadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.3, port: 5432}}}",
+			want:    "service db source=xds\nfrontend 10.1.2.3:5432/TCP LoadBalancer svc=db\n",
+		},
+
+		// Errors: schema.
+		{
+			name:    "empty metadata",
+			cluster: l4lbCluster(`{}`),
+			wantErr: `cluster "db": io.cilium.l4lb: neither vip nor frontends is set`,
+		},
+		{
+			name:    "unknown key",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 3306, prot: UDP}`),
+			wantErr: `cluster "db": io.cilium.l4lb.prot: unknown key ` + known,
+		},
+		{
+			name:    "frontends and vip",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", frontends: [{vip: "10.1.2.3", port: 1}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.vip: cannot be combined with frontends (give either vip and port, or frontends)`,
+		},
+		{
+			name:    "frontends and protocol",
+			cluster: l4lbCluster(`{protocol: UDP, frontends: [{vip: "10.1.2.3", port: 1}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.protocol: cannot be combined with frontends (give either vip and port, or frontends)`,
+		},
+		{
+			name:    "empty name",
+			cluster: "type: EDS\nmetadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.3, port: 1}}}",
+			wantErr: `cluster "": name: must not be empty`,
+		},
+
+		// Errors: vip.
+		{
+			name:    "vip missing",
+			cluster: l4lbCluster(`{port: 3306}`),
+			wantErr: `cluster "db": io.cilium.l4lb.vip: required (or use frontends)`,
+		},
+		{
+			name:    "vip truncated",
+			cluster: l4lbCluster(`{vip: "10.1.2", port: 3306}`),
+			wantErr: `cluster "db": io.cilium.l4lb.vip: "10.1.2" is not an IP address`,
+		},
+		{
+			name:    "vip hostname",
+			cluster: l4lbCluster(`{vip: "db.example.com", port: 3306}`),
+			wantErr: `cluster "db": io.cilium.l4lb.vip: "db.example.com" is not an IP address`,
+		},
+		{
+			name:    "vip with CIDR",
+			cluster: l4lbCluster(`{vip: "10.1.2.3/32", port: 3306}`),
+			wantErr: `cluster "db": io.cilium.l4lb.vip: "10.1.2.3/32" is not an IP address`,
+		},
+		{
+			name:    "vip unspecified",
+			cluster: l4lbCluster(`{vip: "0.0.0.0", port: 3306}`),
+			wantErr: `cluster "db": io.cilium.l4lb.vip: "0.0.0.0" is the unspecified address`,
+		},
+		{
+			name:    "vip multicast",
+			cluster: l4lbCluster(`{vip: "ff02::1", port: 3306}`),
+			wantErr: `cluster "db": io.cilium.l4lb.vip: "ff02::1" is a multicast address`,
+		},
+		{
+			name:    "vip with zone",
+			cluster: l4lbCluster(`{vip: "fe80::1%eth0", port: 3306}`),
+			wantErr: `cluster "db": io.cilium.l4lb.vip: "fe80::1%eth0" has a zone, which is not supported`,
+		},
+		{
+			name:    "vip not a string",
+			cluster: l4lbCluster(`{vip: 10, port: 3306}`),
+			wantErr: `cluster "db": io.cilium.l4lb.vip: want a string, got number 10`,
+		},
+
+		// Errors: port.
+		{
+			name:    "port missing",
+			cluster: l4lbCluster(`{vip: "10.1.2.3"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.port: required`,
+		},
+		{
+			name:    "port too large",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 70000}`),
+			wantErr: `cluster "db": io.cilium.l4lb.port: 70000 is out of range 1..65535`,
+		},
+		{
+			name:    "port zero",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 0}`),
+			wantErr: `cluster "db": io.cilium.l4lb.port: 0 is out of range 1..65535`,
+		},
+		{
+			name:    "port negative",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: -80}`),
+			wantErr: `cluster "db": io.cilium.l4lb.port: -80 is out of range 1..65535`,
+		},
+		{
+			name:    "port not an integer",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 3306.5}`),
+			wantErr: `cluster "db": io.cilium.l4lb.port: 3306.5 is not an integer`,
+		},
+		{
+			name:    "port as a string",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: "3306"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.port: want a number, got string "3306"`,
+		},
+		{
+			name:    "port null",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: null}`),
+			wantErr: `cluster "db": io.cilium.l4lb.port: want a number, got null`,
+		},
+
+		// Errors: protocol.
+		{
+			name:    "protocol SCTP",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 3306, protocol: SCTP}`),
+			wantErr: `cluster "db": io.cilium.l4lb.protocol: "SCTP" is not a protocol (want TCP or UDP)`,
+		},
+		{
+			name:    "protocol not a string",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 3306, protocol: 6}`),
+			wantErr: `cluster "db": io.cilium.l4lb.protocol: want a string, got number 6`,
+		},
+
+		// Errors: frontends.
+		{
+			name:    "frontends not a list",
+			cluster: l4lbCluster(`{frontends: {vip: "10.1.2.3", port: 1}}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends: want a list, got a struct`,
+		},
+		{
+			name:    "frontends empty",
+			cluster: l4lbCluster(`{frontends: []}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends: must not be empty`,
+		},
+		{
+			name:    "frontends entry not a struct",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3", port: 1}, "10.1.2.4:1"]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[1]: want a struct of vip, port, protocol, target_port, got string "10.1.2.4:1"`,
+		},
+		{
+			name:    "frontends entry bad vip",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3", port: 1}, {vip: "10.1.2", port: 1}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[1].vip: "10.1.2" is not an IP address`,
+		},
+		{
+			name:    "frontends entry without vip",
+			cluster: l4lbCluster(`{frontends: [{port: 1}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[0].vip: required`,
+		},
+		{
+			name:    "frontends entry without port",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3"}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[0].port: required`,
+		},
+		{
+			name:    "frontends entry unknown key",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3", port: 1, targetPort: 2}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[0].targetPort: unknown key (known: vip, port, protocol, target_port)`,
+		},
+		{
+			name:    "frontends entry bad protocol",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3", port: 1, protocol: ICMP}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[0].protocol: "ICMP" is not a protocol (want TCP or UDP)`,
+		},
+		{
+			name:    "frontends entry target_port out of range",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3", port: 1}, {vip: "10.1.2.3", port: 2, target_port: 65536}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[1].target_port: 65536 is out of range 1..65535`,
+		},
+		{
+			name:    "target_port outside frontends",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 1, target_port: 2}`),
+			wantErr: `cluster "db": io.cilium.l4lb.target_port: unknown key ` + known,
+		},
+		{
+			name:    "duplicate frontends",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3", port: 53, protocol: UDP}, {vip: "10.1.2.3", port: 53}, {vip: "10.1.2.3", port: 53, protocol: udp}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[2]: 10.1.2.3:53/UDP duplicates frontends[0]`,
+		},
+		{
+			name:    "duplicate frontends through an IPv4-mapped address",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3", port: 80}, {vip: "::ffff:10.1.2.3", port: 80, protocol: TCP}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[1]: 10.1.2.3:80/TCP duplicates frontends[0]`,
+		},
+
+		// Errors: source_ranges.
+		{
+			name:    "source_ranges not a list",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 1, source_ranges: "10.0.0.0/8"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.source_ranges: want a list of CIDR strings, got string "10.0.0.0/8"`,
+		},
+		{
+			name:    "source_ranges bad CIDR",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 1, source_ranges: ["10.0.0.0/8", "10.0.0.0/33"]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.source_ranges[1]: "10.0.0.0/33" is not a CIDR`,
+		},
+		{
+			name:    "source_ranges bare address",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 1, source_ranges: ["10.0.0.1"]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.source_ranges[0]: "10.0.0.1" is not a CIDR`,
+		},
+		{
+			name:    "source_ranges entry not a string",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 1, source_ranges: [8]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.source_ranges[0]: want a string, got number 8`,
+		},
+
+		// Errors: session_affinity_timeout.
+		{
+			name:    "session_affinity_timeout not a duration",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 1, session_affinity_timeout: "3 hours"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.session_affinity_timeout: "3 hours" is not a duration (like "3h" or "10800s")`,
+		},
+		{
+			name:    "session_affinity_timeout zero",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 1, session_affinity_timeout: "0s"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.session_affinity_timeout: "0s" must be positive`,
+		},
+		{
+			name:    "session_affinity_timeout negative",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 1, session_affinity_timeout: "-1h"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.session_affinity_timeout: "-1h" must be positive`,
+		},
+		{
+			name:    "session_affinity_timeout too long",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 1, session_affinity_timeout: "2000000h"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.session_affinity_timeout: "2000000h" is too long (at most 1193046h28m15s)`,
+		},
+		{
+			name:    "session_affinity_timeout as a number",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 1, session_affinity_timeout: 10800}`),
+			wantErr: `cluster "db": io.cilium.l4lb.session_affinity_timeout: want a string, got number 10800`,
+		},
+
+		// Errors: cluster type.
+		{
+			name:    "LOGICAL_DNS",
+			cluster: strings.Replace(l4lbCluster(`{vip: "10.1.2.3", port: 1}`), "EDS", "LOGICAL_DNS", 1),
+			wantErr: `cluster "db": type: LOGICAL_DNS is not supported (want EDS or STATIC)`,
+		},
+		{
+			name:    "STRICT_DNS",
+			cluster: strings.Replace(l4lbCluster(`{vip: "10.1.2.3", port: 1}`), "EDS", "STRICT_DNS", 1),
+			wantErr: `cluster "db": type: STRICT_DNS is not supported (want EDS or STATIC)`,
+		},
+		{
+			name:    "ORIGINAL_DST",
+			cluster: strings.Replace(l4lbCluster(`{vip: "10.1.2.3", port: 1}`), "EDS", "ORIGINAL_DST", 1),
+			wantErr: `cluster "db": type: ORIGINAL_DST is not supported (want EDS or STATIC)`,
+		},
+		{
+			name:    "cluster_type extension",
+			cluster: "name: db\ncluster_type: {name: envoy.clusters.aggregate}\nmetadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.3, port: 1}}}",
+			wantErr: `cluster "db": type: cluster_type extension "envoy.clusters.aggregate" is not supported (want EDS or STATIC)`,
+		},
+		{
+			name:    "STATIC without load_assignment (type: EDS forgotten)",
+			cluster: "name: db\neds_cluster_config: {service_name: db}\nmetadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.3, port: 1}}}",
+			wantErr: `cluster "db": load_assignment: required for a STATIC cluster (or set type: EDS)`,
+		},
+		{
+			name: "STATIC with a bad inline endpoint",
+			cluster: `
+name: db
+type: STATIC
+metadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.3, port: 5432}}}
+load_assignment:
+  cluster_name: db
+  endpoints:
+  - lb_endpoints:
+    - endpoint: {address: {socket_address: {address: 10.0.1.1, port_value: 5432}}}
+    - endpoint: {address: {socket_address: {address: db-2.example.com, port_value: 5432}}}
+`,
+			wantErr: `cluster "db": load_assignment.endpoints[0].lb_endpoints[1].endpoint.address.socket_address.address: "db-2.example.com" is not an IP address`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			spec, err := TranslateCluster(clusterYAML(t, tt.cluster))
+			if tt.wantErr != "" {
+				if err == nil {
+					t.Fatalf("no error, want %q; got:\n%s", tt.wantErr, specString(spec))
+				}
+				if err.Error() != tt.wantErr {
+					t.Fatalf("error:\ngot:  %s\nwant: %s", err, tt.wantErr)
+				}
+				var e *Error
+				if !errors.As(err, &e) || e.Kind != "cluster" {
+					t.Fatalf("error %v is not a cluster *Error", err)
+				}
+				if spec != nil {
+					t.Fatalf("error with a spec: %s", specString(spec))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			if got := specString(spec); got != tt.want {
+				t.Fatalf("got:\n%s\nwant:\n%s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestTranslateClusterNil(t *testing.T) {
+	spec, err := TranslateCluster(nil)
+	if spec != nil || err != nil {
+		t.Fatalf("nil cluster: got %v, %v", spec, err)
+	}
+}
+
+// cla is a ClusterLoadAssignment "db" with one locality whose lb_endpoints
+// are eps (YAML flow sequence entries).
+func cla(eps ...string) string {
+	return "cluster_name: db\nendpoints:\n- lb_endpoints: [" + strings.Join(eps, ", ") + "]\n"
+}
+
+func ep(addr string, port int, extra string) string {
+	s := fmt.Sprintf("{endpoint: {address: {socket_address: {address: %q, port_value: %d}}}", addr, port)
+	if extra != "" {
+		s += ", " + extra
+	}
+	return s + "}"
+}
+
+func TestTranslateEndpoints(t *testing.T) {
+	const path = `cluster_load_assignment "db": endpoints[0].lb_endpoints[1]`
+	tests := []struct {
+		name    string
+		cla     string // YAML
+		want    string // backendsString
+		wantErr string
+	}{
+		{
+			name: "no endpoints",
+			cla:  "cluster_name: db",
+			want: "",
+		},
+		{
+			name: "weights",
+			cla:  cla(ep("10.0.0.1", 80, "load_balancing_weight: 70"), ep("10.0.0.2", 80, "load_balancing_weight: 30"), ep("10.0.0.3", 80, "load_balancing_weight: 65535")),
+			want: "backend 10.0.0.1:80 weight=70 active\nbackend 10.0.0.2:80 weight=30 active\nbackend 10.0.0.3:80 weight=65535 active\n",
+		},
+		{
+			name: "health status",
+			cla: cla(
+				ep("10.0.0.1", 80, "health_status: UNKNOWN"),
+				ep("10.0.0.2", 80, "health_status: HEALTHY"),
+				ep("10.0.0.3", 80, "health_status: DEGRADED"),
+				ep("10.0.0.4", 80, "health_status: DRAINING"),
+				ep("10.0.0.5", 80, "health_status: UNHEALTHY"),
+				ep("10.0.0.6", 80, "health_status: TIMEOUT"),
+			),
+			want: "backend 10.0.0.1:80 weight=1 active\n" +
+				"backend 10.0.0.2:80 weight=1 active\n" +
+				"backend 10.0.0.3:80 weight=1 active\n" +
+				"backend 10.0.0.4:80 weight=1 terminating\n" +
+				"backend 10.0.0.5:80 weight=1 quarantined\n" +
+				"backend 10.0.0.6:80 weight=1 quarantined\n",
+		},
+		{
+			name: "localities: priority and zone",
+			cla: `
+cluster_name: db
+endpoints:
+- locality: {region: eu, zone: eu-a}
+  lb_endpoints: [` + ep("10.0.0.1", 80, "") + `]
+- locality: {zone: eu-b}
+  priority: 1
+  lb_endpoints: [` + ep("10.0.0.2", 80, "") + `]
+`,
+			want: "backend 10.0.0.1:80 weight=1 active zone=eu-a\nbackend 10.0.0.2:80 weight=1 active priority=1 zone=eu-b\n",
+		},
+		{
+			name: "IPv6, and the same IP on two ports",
+			cla:  cla(ep("2001:db8::10", 53, ""), ep("2001:db8::10", 5353, ""), ep("::ffff:10.0.0.1", 53, "")),
+			want: "backend [2001:db8::10]:53 weight=1 active\nbackend [2001:db8::10]:5353 weight=1 active\nbackend 10.0.0.1:53 weight=1 active\n",
+		},
+		{
+			name:    "empty cluster_name",
+			cla:     "endpoints: []",
+			wantErr: `cluster_load_assignment "": cluster_name: must not be empty`,
+		},
+		{
+			name:    "hostname",
+			cla:     cla(ep("10.0.0.1", 80, ""), ep("db-1", 80, "")),
+			wantErr: path + `.endpoint.address.socket_address.address: "db-1" is not an IP address`,
+		},
+		{
+			name:    "port missing",
+			cla:     cla(ep("10.0.0.1", 80, ""), `{endpoint: {address: {socket_address: {address: 10.0.0.2}}}}`),
+			wantErr: path + `.endpoint.address.socket_address.port_value: 0 is out of range 1..65535`,
+		},
+		{
+			name:    "port too large",
+			cla:     cla(ep("10.0.0.1", 80, ""), ep("10.0.0.2", 70000, "")),
+			wantErr: path + `.endpoint.address.socket_address.port_value: 70000 is out of range 1..65535`,
+		},
+		{
+			name:    "named port",
+			cla:     cla(ep("10.0.0.1", 80, ""), `{endpoint: {address: {socket_address: {address: 10.0.0.2, named_port: http}}}}`),
+			wantErr: path + `.endpoint.address.socket_address.named_port: named ports are not supported (use port_value)`,
+		},
+		{
+			name:    "pipe",
+			cla:     cla(ep("10.0.0.1", 80, ""), `{endpoint: {address: {pipe: {path: /run/db.sock}}}}`),
+			wantErr: path + `.endpoint.address.pipe: pipe addresses are not supported (use socket_address)`,
+		},
+		{
+			name:    "envoy internal address",
+			cla:     cla(ep("10.0.0.1", 80, ""), `{endpoint: {address: {envoy_internal_address: {server_listener_name: x}}}}`),
+			wantErr: path + `.endpoint.address.envoy_internal_address: internal addresses are not supported (use socket_address)`,
+		},
+		{
+			name:    "no address",
+			cla:     cla(ep("10.0.0.1", 80, ""), `{endpoint: {hostname: db-2}}`),
+			wantErr: path + `.endpoint.address.socket_address: required`,
+		},
+		{
+			name:    "named endpoint",
+			cla:     cla(ep("10.0.0.1", 80, ""), `{endpoint_name: db-2}`),
+			wantErr: path + `.endpoint_name: named endpoints are not supported (use endpoint)`,
+		},
+		{
+			name:    "weight zero",
+			cla:     cla(ep("10.0.0.1", 80, ""), ep("10.0.0.2", 80, "load_balancing_weight: 0")),
+			wantErr: path + `.load_balancing_weight: 0 is out of range 1..65535`,
+		},
+		{
+			name:    "weight too large",
+			cla:     cla(ep("10.0.0.1", 80, ""), ep("10.0.0.2", 80, "load_balancing_weight: 65536")),
+			wantErr: path + `.load_balancing_weight: 65536 is out of range 1..65535`,
+		},
+		{
+			name:    "unknown health status",
+			cla:     cla(ep("10.0.0.1", 80, ""), ep("10.0.0.2", 80, "health_status: 42")),
+			wantErr: path + `.health_status: 42 is not a known health status`,
+		},
+		{
+			name:    "unspecified address",
+			cla:     cla(ep("10.0.0.1", 80, ""), ep("::", 80, "")),
+			wantErr: path + `.endpoint.address.socket_address.address: "::" is the unspecified address`,
+		},
+		{
+			name: "same address twice, across localities",
+			cla: `
+cluster_name: db
+endpoints:
+- lb_endpoints: [` + ep("10.0.0.1", 80, "") + `]
+- priority: 1
+  lb_endpoints: [` + ep("10.0.0.2", 80, "") + ", " + ep("10.0.0.1", 80, "") + `]
+`,
+			wantErr: `cluster_load_assignment "db": endpoints[1].lb_endpoints[1].endpoint.address.socket_address: 10.0.0.1:80 duplicates endpoints[0].lb_endpoints[0]`,
+		},
+		{
+			name:    "LEDS",
+			cla:     "cluster_name: db\nendpoints:\n- leds_cluster_locality_config: {leds_collection_name: x}",
+			wantErr: `cluster_load_assignment "db": endpoints[0].leds_cluster_locality_config: LEDS is not supported (use lb_endpoints)`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bes, err := TranslateEndpoints(claYAML(t, tt.cla))
+			if tt.wantErr != "" {
+				if err == nil {
+					t.Fatalf("no error, want %q; got:\n%s", tt.wantErr, backendsString(bes))
+				}
+				if err.Error() != tt.wantErr {
+					t.Fatalf("error:\ngot:  %s\nwant: %s", err, tt.wantErr)
+				}
+				var e *Error
+				if !errors.As(err, &e) || e.Kind != "cluster_load_assignment" {
+					t.Fatalf("error %v is not a cluster_load_assignment *Error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			for _, be := range bes {
+				if be.Address.Protocol != loadbalancer.ANY {
+					t.Errorf("backend %s: protocol %q, want ANY", be.Address, be.Address.Protocol)
+				}
+			}
+			if got := backendsString(bes); got != tt.want {
+				t.Fatalf("got:\n%s\nwant:\n%s", got, tt.want)
+			}
+		})
+	}
+}
