@@ -1,0 +1,746 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package xds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	// The well-known types of api.go decode without help from the consumer.
+	_ "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+)
+
+// userAgent is the node's user_agent_name.
+const userAgent = "l4xds"
+
+// keepaliveTime is how often an idle connection is probed. go-control-plane
+// servers refuse pings more frequent than 30s (too_many_pings).
+const keepaliveTime = 60 * time.Second
+
+// Client is an xDS client: one ADS stream to one server, reconnected for
+// ever with backoff, and a cache of every accepted resource that outlives
+// streams (last-known-good).
+//
+// Consumers call Watch for each type before Run, and SetNames for the
+// non-wildcard ones whenever the names they need change. Run does the work
+// until its context ends. A Client made from a disabled Config accepts Watch
+// and SetNames and does nothing.
+type Client struct {
+	cfg       Config
+	log       *slog.Logger
+	db        *statedb.DB
+	resources statedb.RWTable[*ResourceStatus]
+	status    statedb.RWTable[*TypeStatus]
+	backoff   Backoff
+	tls       *tlsFiles
+	node      *corev3.Node
+	health    cell.Health
+	disabled  bool
+
+	attempts atomic.Uint64
+
+	// mu guards what Watch, SetNames and Synced share with the run loop.
+	mu         sync.Mutex
+	watches    map[string]*watchSpec
+	order      []string
+	running    bool
+	synced     map[string]chan struct{}
+	syncedDone map[string]bool
+	// wake tells the run loop that watches or names changed.
+	wake chan struct{}
+
+	// Owned by the run loop.
+	types     map[string]*typeState
+	typeOrder []string
+	conn      connInfo
+	nodeSent  bool
+}
+
+// watchSpec is what consumers asked for one type.
+type watchSpec struct {
+	wildcard bool
+	handler  Handler
+	names    []string // sorted, no duplicates; replaced, never mutated
+	gen      uint64
+}
+
+type connInfo struct {
+	state ConnState
+	err   error
+	since time.Time
+}
+
+// Option customises a Client.
+type Option func(*Client)
+
+// WithBackoff replaces DefaultBackoff.
+func WithBackoff(b Backoff) Option { return func(c *Client) { c.backoff = b } }
+
+// WithHealth makes Run report to h. The hive cell passes the job's health.
+func WithHealth(h cell.Health) Option { return func(c *Client) { c.health = h } }
+
+// NewClient makes a client and registers its tables in db. It fails on an
+// invalid configuration. With cfg.EnableXDSControlPlane false the client is
+// inert.
+func NewClient(cfg Config, log *slog.Logger, db *statedb.DB, opts ...Option) (*Client, error) {
+	resources, err := NewResourcesTable(db)
+	if err != nil {
+		return nil, err
+	}
+	status, err := NewStatusTable(db)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg:        cfg,
+		log:        log,
+		db:         db,
+		resources:  resources,
+		status:     status,
+		backoff:    DefaultBackoff,
+		disabled:   !cfg.EnableXDSControlPlane,
+		watches:    map[string]*watchSpec{},
+		synced:     map[string]chan struct{}{},
+		syncedDone: map[string]bool{},
+		wake:       make(chan struct{}, 1),
+		types:      map[string]*typeState{},
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.disabled {
+		log.Info("xDS control plane disabled")
+		return c, nil
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if !cfg.XDSInsecure {
+		c.tls = &tlsFiles{
+			certPath:   cfg.XDSClientCertPath,
+			keyPath:    cfg.XDSClientKeyPath,
+			caPath:     cfg.XDSCACertPath,
+			serverName: cfg.serverName(),
+		}
+	}
+	c.node = &corev3.Node{
+		Id:            cfg.nodeID(),
+		Cluster:       cfg.XDSNodeCluster,
+		UserAgentName: userAgent,
+	}
+	if cfg.XDSNodeRegion != "" || cfg.XDSNodeZone != "" || cfg.XDSNodeSubZone != "" {
+		c.node.Locality = &corev3.Locality{Region: cfg.XDSNodeRegion, Zone: cfg.XDSNodeZone, SubZone: cfg.XDSNodeSubZone}
+	}
+	return c, nil
+}
+
+// Resources is the xds-resources table.
+func (c *Client) Resources() statedb.Table[*ResourceStatus] { return c.resources }
+
+// Status is the xds-status table.
+func (c *Client) Status() statedb.Table[*TypeStatus] { return c.status }
+
+// Attempts is the number of connection attempts since Run started.
+func (c *Client) Attempts() uint64 { return c.attempts.Load() }
+
+// Watch subscribes to a type and sends its updates to h. A wildcard watch
+// subscribes to every resource of the type (an explicit "*"); otherwise
+// the client asks for the names given to SetNames. Call it before Run;
+// later calls work too, and subscribe on the current stream.
+func (c *Client) Watch(typeURL string, wildcard bool, h Handler) {
+	if c.disabled {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.watches[typeURL]; ok {
+		c.log.Error("xDS type is already watched; keeping the first handler", "type", typeURL)
+		return
+	}
+	c.watches[typeURL] = &watchSpec{wildcard: wildcard, handler: h, gen: 1}
+	c.order = append(c.order, typeURL)
+	c.signal()
+}
+
+// SetNames replaces the names requested for a non-wildcard type. It never
+// blocks, so a Handler may call it; the run loop sends the new request. A
+// name dropped from the set is forgotten: no Removed is delivered for it.
+func (c *Client) SetNames(typeURL string, names []string) {
+	if c.disabled {
+		return
+	}
+	sorted := slices.Clone(names)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w, ok := c.watches[typeURL]
+	switch {
+	case !ok:
+		c.log.Error("SetNames on an xDS type that is not watched", "type", typeURL)
+		return
+	case w.wildcard:
+		c.log.Error("SetNames on a wildcard xDS watch", "type", typeURL)
+		return
+	case slices.Equal(w.names, sorted):
+		return
+	}
+	w.names = sorted
+	w.gen++
+	c.signal()
+}
+
+// Synced returns a channel closed once the first response of the type has
+// been handled. It is closed at once on a disabled client.
+func (c *Client) Synced(typeURL string) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch, ok := c.synced[typeURL]
+	if !ok {
+		ch = make(chan struct{})
+		c.synced[typeURL] = ch
+		if c.disabled {
+			close(ch)
+			c.syncedDone[typeURL] = true
+		}
+	}
+	return ch
+}
+
+func (c *Client) markSynced(typeURL string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.syncedDone[typeURL] {
+		return
+	}
+	ch, ok := c.synced[typeURL]
+	if !ok {
+		ch = make(chan struct{})
+		c.synced[typeURL] = ch
+	}
+	close(ch)
+	c.syncedDone[typeURL] = true
+}
+
+// signal wakes the run loop without blocking. Called with mu held.
+func (c *Client) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run connects and keeps connecting to the server until ctx ends. It
+// returns nil when ctx ends, and an error only if it is called twice.
+func (c *Client) Run(ctx context.Context) error {
+	return c.run(ctx, c.health)
+}
+
+func (c *Client) run(ctx context.Context, health cell.Health) error {
+	if c.disabled {
+		return nil
+	}
+	c.mu.Lock()
+	if c.running {
+		c.mu.Unlock()
+		return errors.New("xds: Client.Run called twice")
+	}
+	c.running = true
+	c.mu.Unlock()
+
+	if health == nil {
+		health = nopHealth{}
+	}
+	c.health = health
+	if c.cfg.XDSInsecure {
+		c.log.Warn("xDS connection is not encrypted nor authenticated (--xds-insecure)", "server", c.cfg.XDSServerAddress)
+	}
+
+	c.applyWatches()
+	b := c.backoff
+	for {
+		c.attempts.Add(1)
+		c.setConn(ConnConnecting, c.conn.err)
+		err := c.session(ctx, &b)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := b.Next()
+		c.disconnected(err, wait)
+		if !c.sleep(ctx, wait) {
+			return nil
+		}
+	}
+}
+
+// sleep waits before the next attempt, still taking SetNames changes in so
+// that dropped names are forgotten at once. False when ctx ended.
+func (c *Client) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-c.wake:
+			c.applyWatches()
+		}
+	}
+}
+
+func (c *Client) disconnected(err error, wait time.Duration) {
+	for _, ts := range c.types {
+		// Does-not-exist timers are paused: a server we cannot reach says
+		// nothing about whether a resource exists.
+		clear(ts.deadlines)
+		ts.responded = false
+	}
+	c.setConn(ConnBackoff, err)
+	c.log.Warn("xDS stream failed; retrying",
+		"error", c.serverError(err),
+		"attempt", c.attempts.Load(),
+		"retry-in", wait.Round(time.Millisecond))
+}
+
+// serverError is the one line that says what is wrong with the server.
+func (c *Client) serverError(err error) error {
+	return fmt.Errorf("xDS server %s: %w", c.cfg.XDSServerAddress, err)
+}
+
+func (c *Client) dialOptions() []grpc.DialOption {
+	var creds credentials.TransportCredentials
+	if c.tls != nil {
+		creds = verdictCreds{credentials.NewTLS(c.tls.config()), c.tls}
+	} else {
+		creds = insecure.NewCredentials()
+	}
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.cfg.XDSMaxRecvMsgSize)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time:    keepaliveTime,
+			Timeout: 20 * time.Second,
+		}),
+		grpc.WithUserAgent(userAgent),
+	}
+}
+
+type recvResult struct {
+	resp *response
+	err  error
+}
+
+// session runs one connection and one stream until either fails.
+func (c *Client) session(ctx context.Context, b *Backoff) error {
+	c.tls.takeErr() // forget handshake errors of earlier attempts
+
+	// A new connection per attempt rather than one ClientConn for ever: each
+	// attempt then makes a fresh handshake with the files as they are now,
+	// and the only backoff is ours.
+	conn, err := grpc.NewClient(c.cfg.XDSServerAddress, c.dialOptions()...)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := openStream(sctx, conn, c.cfg.XDSProtocol)
+	if err != nil {
+		return c.streamError(err)
+	}
+
+	c.startStream()
+	c.setConn(ConnConnected, nil)
+	c.log.Info("Connected to xDS server", "server", c.cfg.XDSServerAddress, "protocol", c.cfg.XDSProtocol)
+
+	respCh := make(chan recvResult)
+	go func() {
+		for {
+			resp, err := st.recv()
+			select {
+			case respCh <- recvResult{resp, err}:
+			case <-sctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+
+	if err := c.sendAll(st); err != nil {
+		return c.sendFailed(sctx, respCh, err)
+	}
+
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		var expiry <-chan time.Time
+		if next, ok := c.nextDeadline(); ok {
+			timer.Reset(time.Until(next))
+			expiry = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case r := <-respCh:
+			if r.err != nil {
+				return c.streamError(r.err)
+			}
+			b.Reset()
+			if err := c.handleResponse(ctx, st, r.resp); err != nil {
+				return c.sendFailed(sctx, respCh, err)
+			}
+		case <-c.wake:
+			c.applyWatches()
+			if err := c.sendAll(st); err != nil {
+				return c.sendFailed(sctx, respCh, err)
+			}
+		case <-expiry:
+			c.expire(ctx, time.Now())
+		}
+	}
+}
+
+// streamError turns the error of a failed stream into one line.
+func (c *Client) streamError(err error) error {
+	if errors.Is(err, io.EOF) {
+		return errors.New("stream closed by the server")
+	}
+	return cleanError(err, c.tls.takeErr())
+}
+
+// sendFailed waits for the receive side to report why the stream broke: a
+// failed Send only says io.EOF.
+func (c *Client) sendFailed(ctx context.Context, respCh <-chan recvResult, err error) error {
+	if !errors.Is(err, io.EOF) {
+		return c.streamError(err)
+	}
+	for {
+		select {
+		case r := <-respCh:
+			if r.err != nil {
+				return c.streamError(r.err)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// applyWatches takes in the types and names consumers set since last time.
+func (c *Client) applyWatches() {
+	type change struct {
+		ts    *typeState
+		names []string
+	}
+	var changes []change
+	var added []*typeState
+	c.mu.Lock()
+	for _, url := range c.order {
+		w := c.watches[url]
+		ts, ok := c.types[url]
+		if !ok {
+			ts = newTypeState(url, w)
+			c.types[url] = ts
+			c.typeOrder = append(c.typeOrder, url)
+			added = append(added, ts)
+		}
+		if ts.gen != w.gen {
+			ts.gen = w.gen
+			changes = append(changes, change{ts, w.names})
+		}
+	}
+	c.mu.Unlock()
+
+	for _, ts := range added {
+		c.writeStatus(ts)
+	}
+	now := time.Now()
+	for _, ch := range changes {
+		c.setNames(ch.ts, ch.names, now)
+	}
+}
+
+// setNames makes names the requested set of a non-wildcard type.
+func (c *Client) setNames(ts *typeState, names []string, now time.Time) {
+	want := make(map[string]struct{}, len(names))
+	for _, n := range names {
+		want[n] = struct{}{}
+	}
+	var touched []string
+	for n := range ts.names {
+		if _, ok := want[n]; !ok {
+			// The consumer stopped asking: forget, without a Removed.
+			delete(ts.entries, n)
+			delete(ts.deadlines, n)
+			touched = append(touched, n)
+		}
+	}
+	for n := range want {
+		if _, ok := ts.entries[n]; !ok {
+			ts.entries[n] = &entry{state: StateRequested, updated: now}
+			touched = append(touched, n)
+		}
+	}
+	ts.names = want
+	ts.dirty = true
+	c.writeResources(ts, touched)
+}
+
+// startStream resets what is per stream. The cache stays.
+func (c *Client) startStream() {
+	c.nodeSent = false
+	for _, ts := range c.types {
+		ts.nonce = ""
+		ts.responded = false
+		ts.sent = false
+		ts.lastNack = ""
+		clear(ts.subscribed)
+		// The first response of a wildcard type on a new stream is the
+		// server's full state: what the cache has and it lacks is swept.
+		ts.sweep = ts.wildcard
+	}
+}
+
+// sendAll sends the requests the stream lacks: each type's first, and the
+// ones whose names changed.
+func (c *Client) sendAll(st adsStream) error {
+	for _, url := range c.typeOrder {
+		ts := c.types[url]
+		if ts.sent && !ts.dirty {
+			continue
+		}
+		if err := c.sendRequest(st, ts, false, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sendRequest sends the type's current subscription; with ack it
+// acknowledges (errorDetail nil) or rejects the last response.
+func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail *rpcStatus) error {
+	desired := ts.names
+	if ts.wildcard {
+		desired = wildcardNames
+	}
+	if !ts.sent && len(desired) == 0 {
+		// An empty first request would be a legacy wildcard subscription
+		// to every resource of the type.
+		return nil
+	}
+	req := &request{typeURL: ts.url, errorDetail: errorDetail}
+	if !c.nodeSent {
+		req.node = c.node
+	}
+	delta := c.cfg.XDSProtocol == ProtocolDelta
+	if delta {
+		// No initial_resource_versions on a new stream, ever: the server
+		// then sends everything it has, which is the full state the
+		// mark-and-sweep after a reconnect needs.
+		for n := range desired {
+			if _, ok := ts.subscribed[n]; !ok {
+				req.subscribe = append(req.subscribe, n)
+			}
+		}
+		for n := range ts.subscribed {
+			if _, ok := desired[n]; !ok {
+				req.unsubscribe = append(req.unsubscribe, n)
+			}
+		}
+		slices.Sort(req.subscribe)
+		slices.Sort(req.unsubscribe)
+		if ack {
+			req.nonce = ts.nonce
+		} else if ts.sent && len(req.subscribe)+len(req.unsubscribe) == 0 {
+			ts.dirty = false
+			return nil
+		}
+	} else {
+		req.names = slices.Sorted(maps.Keys(desired))
+		// The server ignores a request without the nonce of its last
+		// response, even one that only changes names.
+		req.nonce = ts.nonce
+		// The first request of a stream has no version: the server then
+		// answers with everything, the full state a reconnect needs.
+		if ts.responded {
+			req.version = ts.version
+		}
+	}
+	if err := st.send(req); err != nil {
+		return err
+	}
+	c.nodeSent = true
+	ts.sent = true
+	ts.dirty = false
+	if delta {
+		ts.subscribed = maps.Clone(desired)
+	}
+	c.startDeadlines(ts, time.Now())
+	return nil
+}
+
+var wildcardNames = map[string]struct{}{"*": {}}
+
+// startDeadlines starts the does-not-exist timer of every requested name
+// that has neither a cached resource nor a running timer.
+func (c *Client) startDeadlines(ts *typeState, now time.Time) {
+	if ts.wildcard {
+		return
+	}
+	for n := range ts.names {
+		e := ts.entries[n]
+		if e == nil || e.bytes != nil || e.state == StateDoesNotExist {
+			continue
+		}
+		if _, ok := ts.deadlines[n]; !ok {
+			ts.deadlines[n] = now.Add(c.cfg.XDSResourceDoesNotExistTimeout)
+		}
+	}
+}
+
+func (c *Client) nextDeadline() (time.Time, bool) {
+	var next time.Time
+	for _, ts := range c.types {
+		for _, d := range ts.deadlines {
+			if next.IsZero() || d.Before(next) {
+				next = d
+			}
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// expire delivers Removed for the names whose does-not-exist timer fired.
+func (c *Client) expire(ctx context.Context, now time.Time) {
+	for _, url := range c.typeOrder {
+		ts := c.types[url]
+		var removed []string
+		for n, d := range ts.deadlines {
+			if d.After(now) {
+				continue
+			}
+			delete(ts.deadlines, n)
+			e := ts.entries[n]
+			if e == nil || e.bytes != nil || e.state == StateDoesNotExist {
+				continue
+			}
+			e.state = StateDoesNotExist
+			e.updated = now
+			removed = append(removed, n)
+		}
+		if len(removed) == 0 {
+			continue
+		}
+		slices.Sort(removed)
+		c.log.Info("xDS resources do not exist", "type", ShortTypeName(url), "names", removed,
+			"timeout", c.cfg.XDSResourceDoesNotExistTimeout)
+		ts.handler.HandleUpdate(ctx, Update{TypeURL: url, Removed: removed})
+		c.writeResources(ts, removed)
+	}
+}
+
+func (c *Client) setConn(state ConnState, err error) {
+	if c.conn.state != state {
+		c.conn.since = time.Now()
+	}
+	c.conn.state = state
+	c.conn.err = err
+	c.writeAllStatus()
+	c.reportHealth()
+}
+
+func (c *Client) reportHealth() {
+	addr := c.cfg.XDSServerAddress
+	switch {
+	case c.conn.state == ConnConnected:
+		synced := 0
+		for _, ts := range c.types {
+			if ts.responded {
+				synced++
+			}
+		}
+		c.health.OK(fmt.Sprintf("connected to %s, %d types synced", addr, synced))
+	case c.conn.err != nil:
+		c.health.Degraded(fmt.Sprintf("disconnected from %s: %s", addr, c.conn.err), c.conn.err)
+	}
+}
+
+func (c *Client) statusRow(ts *typeState) *TypeStatus {
+	s := &TypeStatus{
+		TypeURL:  ts.url,
+		Wildcard: ts.wildcard,
+		Server:   c.cfg.XDSServerAddress,
+		Protocol: c.cfg.XDSProtocol,
+		State:    c.conn.state,
+		Attempts: c.attempts.Load(),
+		Version:  ts.version,
+		Nonce:    ts.nonce,
+		Synced:   ts.responded,
+		Since:    c.conn.since,
+	}
+	if c.conn.err != nil {
+		s.Error = c.serverError(c.conn.err).Error()
+	}
+	return s
+}
+
+func (c *Client) writeStatus(ts *typeState) {
+	txn := c.db.WriteTxn(c.status)
+	c.status.Insert(txn, c.statusRow(ts))
+	txn.Commit()
+}
+
+func (c *Client) writeAllStatus() {
+	txn := c.db.WriteTxn(c.status)
+	for _, ts := range c.types {
+		c.status.Insert(txn, c.statusRow(ts))
+	}
+	txn.Commit()
+}
+
+// writeResources brings the rows of names in line with the cache.
+func (c *Client) writeResources(ts *typeState, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	txn := c.db.WriteTxn(c.resources)
+	for _, n := range names {
+		if e, ok := ts.entries[n]; ok {
+			c.resources.Insert(txn, e.row(ts.url, n))
+		} else {
+			c.resources.Delete(txn, &ResourceStatus{TypeURL: ts.url, Name: n})
+		}
+	}
+	txn.Commit()
+}
+
+type nopHealth struct{}
+
+func (nopHealth) OK(string)                     {}
+func (nopHealth) Stopped(string)                {}
+func (nopHealth) Degraded(string, error)        {}
+func (h nopHealth) NewScope(string) cell.Health { return h }
+func (nopHealth) Close()                        {}

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package xds
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestConfigValidate(t *testing.T) {
+	valid := DefaultConfig
+	valid.EnableXDSControlPlane = true
+	valid.XDSServerAddress = "xds.example.internal:9000"
+	valid.XDSClientCertPath, valid.XDSClientKeyPath, valid.XDSCACertPath = "c.crt", "c.key", "ca.crt"
+
+	tests := []struct {
+		name   string
+		modify func(*Config)
+		want   []string // substrings of the error; none if valid
+	}{
+		{"valid", func(*Config) {}, nil},
+		{"disabled needs nothing", func(c *Config) { *c = DefaultConfig }, nil},
+		{"insecure needs no certificates", func(c *Config) {
+			c.XDSInsecure = true
+			c.XDSClientCertPath, c.XDSClientKeyPath, c.XDSCACertPath = "", "", ""
+		}, nil},
+		{"no address", func(c *Config) { c.XDSServerAddress = "" },
+			[]string{"--xds-server-address: must be set when --enable-xds-control-plane is true"}},
+		{"address without port", func(c *Config) { c.XDSServerAddress = "xds" },
+			[]string{`--xds-server-address: "xds" is not host:port`}},
+		{"no certificates", func(c *Config) { c.XDSClientCertPath, c.XDSCACertPath = "", "" },
+			[]string{"--xds-client-cert-path: must be set unless --xds-insecure is true",
+				"--xds-ca-cert-path: must be set unless --xds-insecure is true"}},
+		{"protocol", func(c *Config) { c.XDSProtocol = "grpc" },
+			[]string{`--xds-protocol: "grpc" is not sotw or delta`}},
+		{"receive size", func(c *Config) { c.XDSMaxRecvMsgSize = 0 },
+			[]string{"--xds-max-recv-msg-size: 0 is not a positive number of bytes"}},
+		{"timeout", func(c *Config) { c.XDSResourceDoesNotExistTimeout = -time.Second },
+			[]string{"--xds-resource-does-not-exist-timeout: -1s is not positive"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := valid
+			tt.modify(&cfg)
+			err := cfg.Validate()
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatalf("unexpected error: %s", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error, want %q", tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	cfg := Config{XDSServerAddress: "xds.example.internal:9000"}
+	if got := cfg.serverName(); got != "xds.example.internal" {
+		t.Errorf("server name = %q, want the host of the address", got)
+	}
+	cfg.XDSServerName = "other"
+	if got := cfg.serverName(); got != "other" {
+		t.Errorf("server name = %q, want the configured one", got)
+	}
+	t.Setenv("NODE_NAME", "node-from-env")
+	if got := cfg.nodeID(); got != "node-from-env" {
+		t.Errorf("node id = %q, want $NODE_NAME", got)
+	}
+	cfg.XDSNodeID = "explicit"
+	if got := cfg.nodeID(); got != "explicit" {
+		t.Errorf("node id = %q, want the configured one", got)
+	}
+}
+
+func newTestHive(invoke any) *hive.Hive {
+	return hive.New(statedb.Cell, job.Cell, cell.SimpleHealthCell, Cell, cell.Invoke(invoke))
+}
+
+func TestCellDisabled(t *testing.T) {
+	log := hivetest.Logger(t)
+	var client *Client
+	h := newTestHive(func(c *Client, _ statedb.Table[*ResourceStatus], _ statedb.Table[*TypeStatus]) {
+		client = c
+		c.Watch(ClusterType, true, HandlerFunc(func(context.Context, Update) map[string]error { return nil }))
+		c.SetNames(EndpointType, []string{"x"})
+	})
+	if err := h.Start(log, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Stop(log, context.Background())
+	select {
+	case <-client.Synced(ClusterType):
+	default:
+		t.Error("Synced of a disabled client is not closed")
+	}
+	if n := client.Status().NumObjects(client.db.ReadTxn()); n != 0 {
+		t.Errorf("%d status rows on a disabled client", n)
+	}
+	if client.Attempts() != 0 {
+		t.Errorf("a disabled client connected")
+	}
+}
+
+func TestCellFlags(t *testing.T) {
+	h := newTestHive(func(*Client) {})
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	err := flags.Parse([]string{
+		"--enable-xds-control-plane", "--xds-server-address=xds:9000", "--xds-insecure", "--xds-protocol=grpc",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Populate(hivetest.Logger(t))
+	if err == nil || !strings.Contains(err.Error(), `--xds-protocol: "grpc" is not sotw or delta`) {
+		t.Errorf("Populate error = %v, want the --xds-protocol error", err)
+	}
+}
+
+func TestNackMessage(t *testing.T) {
+	got := nackMessage(ClusterType, map[string]string{
+		"db":  "io.cilium.l4lb.port: 70000 is out of range 1..65535",
+		"api": `cluster "api": already named`,
+		"#3":  "cluster #3: resource has no name",
+	})
+	want := `cluster "api": already named; cluster "db": io.cilium.l4lb.port: 70000 is out of range 1..65535; cluster #3: resource has no name`
+	if got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+	if got := kindName(EndpointType); got != "cluster load assignment" {
+		t.Errorf("kindName = %q", got)
+	}
+}
+
+func TestCleanError(t *testing.T) {
+	handshake := errors.New("tls: certificate signed by unknown authority")
+	tests := []struct {
+		name      string
+		err       error
+		handshake error
+		want      string
+	}{
+		{"handshake error wins", status.Error(codes.Unavailable, "connection error: anything"), handshake, handshake.Error()},
+		{"unwrapped", status.Error(codes.Unavailable,
+			`connection error: desc = "transport: authentication handshake failed: tls: bad thing"`), nil, "tls: bad thing"},
+		{"preface", status.Error(codes.Unavailable,
+			`connection error: desc = "error reading server preface: remote error: tls: unknown certificate authority"`),
+			nil, "remote error: tls: unknown certificate authority"},
+		{"other code keeps it", status.Error(codes.PermissionDenied, "node not allowed"), nil, "PermissionDenied: node not allowed"},
+		{"not a status", errors.New("plain"), nil, "plain"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := cleanError(tt.err, tt.handshake).Error(); got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

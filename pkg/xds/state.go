@@ -1,0 +1,315 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package xds
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+)
+
+// typeState is the run loop's view of one watched type: the subscription,
+// the cache, and the stream's protocol state.
+type typeState struct {
+	url      string
+	wildcard bool
+	handler  Handler
+	gen      uint64
+
+	// names requested (non-wildcard types).
+	names map[string]struct{}
+	// entries is the cache: every resource received or requested.
+	entries map[string]*entry
+	// deadlines of the does-not-exist timers that run.
+	deadlines map[string]time.Time
+	// version is the last accepted version_info.
+	version string
+
+	// Per stream.
+	nonce      string
+	responded  bool                // a response arrived on this stream
+	sent       bool                // a request was sent on this stream
+	dirty      bool                // names changed since the last request
+	sweep      bool                // next response is a full state to sweep against (Delta)
+	subscribed map[string]struct{} // names subscribed on this stream (Delta)
+	lastNack   string              // version and error of the last NACK
+}
+
+func newTypeState(url string, w *watchSpec) *typeState {
+	return &typeState{
+		url:        url,
+		wildcard:   w.wildcard,
+		handler:    w.handler,
+		names:      map[string]struct{}{},
+		entries:    map[string]*entry{},
+		deadlines:  map[string]time.Time{},
+		subscribed: map[string]struct{}{},
+	}
+}
+
+// entry is one cached resource.
+type entry struct {
+	// bytes and version of the accepted resource; nil bytes if none.
+	bytes   []byte
+	version string
+	state   ResourceState
+	// err and rejected are why and what was last rejected, so that a
+	// server resending the same bad resource does not bother the handler.
+	err      string
+	rejected []byte
+	updated  time.Time
+}
+
+func (e *entry) row(typeURL, name string) *ResourceStatus {
+	return &ResourceStatus{
+		TypeURL: typeURL,
+		Name:    name,
+		Version: e.version,
+		State:   e.state,
+		Error:   e.err,
+		Updated: e.updated,
+	}
+}
+
+// handleResponse applies one response to the cache, calls the handler with
+// what changed, and ACKs or NACKs it.
+func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *response) error {
+	ts, ok := c.types[resp.typeURL]
+	if !ok {
+		c.log.Debug("Ignoring xDS response of a type not watched", "type", resp.typeURL)
+		return nil
+	}
+	now := time.Now()
+	delta := c.cfg.XDSProtocol == ProtocolDelta
+	ts.nonce = resp.nonce
+
+	var (
+		upserted  []Resource
+		removed   []string
+		touched   []string
+		changed   = map[string][]byte{} // given to the handler
+		rejected  = map[string]string{} // name, or "#index" when unnamed
+		badBytes  = map[string][]byte{}
+		present   = make(map[string]struct{}, len(resp.resources))
+		sweepSafe = true
+	)
+
+	for i, raw := range resp.resources {
+		name, msg, err := decodeResource(resp.typeURL, raw)
+		if name == "" {
+			// Which cached resource this is cannot be known, so a sweep
+			// could delete a resource that the server still has.
+			sweepSafe = false
+			rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s #%d: %s", kindName(ts.url), i, err)
+			continue
+		}
+		present[name] = struct{}{}
+		if !ts.wildcard {
+			if _, ok := ts.names[name]; !ok {
+				continue // not asked for
+			}
+		}
+		value := raw.any.GetValue()
+		if err != nil {
+			rejected[name] = err.Error()
+			badBytes[name] = value
+			continue
+		}
+		e := ts.entries[name]
+		switch {
+		case e != nil && e.bytes != nil && bytes.Equal(e.bytes, value):
+			// Unchanged. If it was nacked, the server is back to the
+			// version in use.
+			if e.state != StateAcked || (delta && e.version != raw.version) {
+				if delta {
+					e.version = raw.version
+				}
+				e.state, e.err, e.rejected, e.updated = StateAcked, "", nil, now
+				touched = append(touched, name)
+			}
+		case e != nil && e.rejected != nil && bytes.Equal(e.rejected, value):
+			rejected[name] = e.err // same bad resource again
+		default:
+			changed[name] = value
+			upserted = append(upserted, Resource{Name: name, Version: raw.version, Message: msg})
+		}
+	}
+
+	// Every SotW response of a wildcard type is a full state; in Delta only
+	// the first of a stream is.
+	fullState := ts.wildcard && (!delta || ts.sweep)
+	ts.sweep = false
+	if fullState && sweepSafe {
+		// What the cache has and the full state lacks is gone.
+		for name, e := range ts.entries {
+			if _, ok := present[name]; ok {
+				continue
+			}
+			if e.bytes != nil {
+				removed = append(removed, name)
+			}
+			delete(ts.entries, name)
+			touched = append(touched, name)
+		}
+	}
+	for _, name := range resp.removed {
+		e, ok := ts.entries[name]
+		if !ok {
+			continue
+		}
+		touched = append(touched, name)
+		if ts.wildcard {
+			if e.bytes != nil {
+				removed = append(removed, name)
+			}
+			delete(ts.entries, name)
+			continue
+		}
+		// A requested resource the server says does not exist.
+		delete(ts.deadlines, name)
+		if e.bytes != nil || e.state != StateDoesNotExist {
+			removed = append(removed, name)
+		}
+		*e = entry{state: StateDoesNotExist, updated: now}
+	}
+
+	if len(upserted) > 0 || len(removed) > 0 {
+		slices.Sort(removed)
+		removed = slices.Compact(removed)
+		rej := ts.handler.HandleUpdate(ctx, Update{TypeURL: ts.url, Upserted: upserted, Removed: removed})
+		for name, err := range rej {
+			value, ok := changed[name]
+			if !ok || err == nil {
+				continue // only an upserted resource can be rejected
+			}
+			rejected[name] = err.Error()
+			badBytes[name] = value
+			delete(changed, name)
+		}
+	}
+	for _, r := range upserted {
+		value, ok := changed[r.Name]
+		if !ok {
+			continue
+		}
+		e := ts.entry(r.Name)
+		*e = entry{bytes: value, version: r.Version, state: StateAcked, updated: now}
+		delete(ts.deadlines, r.Name)
+		touched = append(touched, r.Name)
+	}
+	for name, msg := range rejected {
+		if strings.HasPrefix(name, "#") {
+			continue
+		}
+		e := ts.entry(name)
+		e.err, e.rejected, e.updated = msg, badBytes[name], now
+		e.state = StateNacked
+		if e.bytes != nil {
+			e.state = StateNackedButCached
+		}
+		// The server has it, even if it is bad: it exists.
+		delete(ts.deadlines, name)
+		touched = append(touched, name)
+	}
+	c.writeResources(ts, touched)
+
+	if !ts.responded {
+		ts.responded = true
+		c.markSynced(ts.url)
+		c.reportHealth()
+	}
+
+	var detail *rpcStatus
+	if len(rejected) == 0 {
+		ts.version = resp.version
+		ts.lastNack = ""
+	} else {
+		msg := nackMessage(ts.url, rejected)
+		detail = &rpcStatus{Code: int32(codes.InvalidArgument), Message: msg}
+		c.log.Warn("Rejected xDS resources",
+			"type", ShortTypeName(ts.url), "version", resp.version, "nonce", resp.nonce, "error", msg)
+		// A server may answer a NACK with the same response at once
+		// (go-control-plane does when the NACK carries no version); pace
+		// the repeats so the two never spin.
+		key := resp.version + "\x00" + msg
+		if key == ts.lastNack {
+			t := time.NewTimer(c.backoff.Initial)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+		ts.lastNack = key
+	}
+	c.writeStatus(ts)
+	return c.sendRequest(st, ts, true, detail)
+}
+
+func (ts *typeState) entry(name string) *entry {
+	e, ok := ts.entries[name]
+	if !ok {
+		e = &entry{}
+		ts.entries[name] = e
+	}
+	return e
+}
+
+// nackMessage lists each rejected resource's error, sorted, each naming the
+// resource: `cluster "db": io.cilium.l4lb.port: 70000 is out of range`.
+func nackMessage(typeURL string, rejected map[string]string) string {
+	kind := kindName(typeURL)
+	lines := make([]string, 0, len(rejected))
+	for name, msg := range rejected {
+		if !strings.HasPrefix(name, "#") && !strings.Contains(msg, strconv.Quote(name)) {
+			msg = kind + " " + strconv.Quote(name) + ": " + msg
+		}
+		lines = append(lines, msg)
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "; ")
+}
+
+// decodeResource decodes one resource and finds its name. The name is
+// returned whenever it can be known, even with an error.
+func decodeResource(typeURL string, raw rawResource) (string, proto.Message, error) {
+	name := raw.name
+	if raw.any == nil {
+		return name, nil, errors.New("resource has no body")
+	}
+	msg, err := raw.any.UnmarshalNew()
+	if err != nil {
+		return name, nil, fmt.Errorf("cannot decode %s: %w", raw.any.GetTypeUrl(), err)
+	}
+	if name == "" {
+		name = resourceName(msg)
+	}
+	if raw.any.GetTypeUrl() != typeURL {
+		return name, nil, fmt.Errorf("resource of type %s in a response of type %s", raw.any.GetTypeUrl(), typeURL)
+	}
+	if name == "" {
+		return "", nil, errors.New("resource has no name")
+	}
+	return name, msg, nil
+}
+
+// resourceName is the name xDS gives a resource: its name field, or the
+// cluster_name of a ClusterLoadAssignment.
+func resourceName(msg proto.Message) string {
+	switch m := msg.(type) {
+	case interface{ GetName() string }:
+		return m.GetName()
+	case interface{ GetClusterName() string }:
+		return m.GetClusterName()
+	}
+	return ""
+}

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package xds
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+)
+
+// Table names.
+const (
+	ResourcesTableName = "xds-resources"
+	StatusTableName    = "xds-status"
+)
+
+// ResourceState is where one requested or received resource stands.
+type ResourceState string
+
+const (
+	// StateRequested: subscribed to, nothing received yet.
+	StateRequested ResourceState = "requested"
+	// StateAcked: the last version received was accepted.
+	StateAcked ResourceState = "acked"
+	// StateNacked: the only version received was rejected.
+	StateNacked ResourceState = "nacked"
+	// StateNackedButCached: the last version received was rejected; the
+	// previously accepted one is still in use.
+	StateNackedButCached ResourceState = "nacked-but-cached"
+	// StateDoesNotExist: requested, but the server said it does not exist
+	// or did not answer within the does-not-exist timeout.
+	StateDoesNotExist ResourceState = "does-not-exist"
+)
+
+// ResourceStatus is one row of xds-resources: one resource of one type, as
+// the client holds it. Rows are immutable once inserted.
+type ResourceStatus struct {
+	TypeURL string
+	Name    string
+	// Version of the accepted resource in use; empty if there is none.
+	Version string
+	State   ResourceState
+	// Error is why the last received version was rejected.
+	Error string
+	// Updated is when the row last changed.
+	Updated time.Time
+}
+
+func (r *ResourceStatus) TableHeader() []string {
+	return []string{"Type", "Name", "Version", "State", "Error", "Updated"}
+}
+
+func (r *ResourceStatus) TableRow() []string {
+	return []string{ShortTypeName(r.TypeURL), r.Name, r.Version, string(r.State), r.Error, formatTime(r.Updated)}
+}
+
+func resourceKey(typeURL, name string) index.Key {
+	return index.String(typeURL + " " + name)
+}
+
+var (
+	// ResourceIndex is the primary index of xds-resources: type URL and
+	// name. From a string it takes "<type URL> <name>".
+	ResourceIndex = statedb.Index[*ResourceStatus, resourceID]{
+		Name: "id",
+		FromObject: func(r *ResourceStatus) index.KeySet {
+			return index.NewKeySet(resourceKey(r.TypeURL, r.Name))
+		},
+		FromKey:    func(id resourceID) index.Key { return resourceKey(id.TypeURL, id.Name) },
+		FromString: index.FromString,
+		Unique:     true,
+	}
+	// ResourceTypeIndex indexes xds-resources by type URL.
+	ResourceTypeIndex = statedb.Index[*ResourceStatus, string]{
+		Name: "type",
+		FromObject: func(r *ResourceStatus) index.KeySet {
+			return index.NewKeySet(index.String(r.TypeURL))
+		},
+		FromKey:    index.String,
+		FromString: index.FromString,
+		Unique:     false,
+	}
+)
+
+type resourceID struct{ TypeURL, Name string }
+
+// ResourceByName queries xds-resources for one resource.
+func ResourceByName(typeURL, name string) statedb.Query[*ResourceStatus] {
+	return ResourceIndex.Query(resourceID{typeURL, name})
+}
+
+// ResourcesByType queries xds-resources for all resources of a type.
+func ResourcesByType(typeURL string) statedb.Query[*ResourceStatus] {
+	return ResourceTypeIndex.Query(typeURL)
+}
+
+// ConnState is the state of the connection to the server.
+type ConnState string
+
+const (
+	ConnConnecting ConnState = "connecting"
+	ConnConnected  ConnState = "connected"
+	// ConnBackoff: the last attempt failed; waiting before the next one.
+	ConnBackoff ConnState = "backoff"
+)
+
+// TypeStatus is one row of xds-status: the stream as seen by one watched
+// type. The connection columns are the same in every row.
+type TypeStatus struct {
+	TypeURL  string
+	Wildcard bool
+	Server   string
+	Protocol string
+	State    ConnState
+	// Attempts counts connection attempts since the client started.
+	Attempts uint64
+	// Version is the last accepted version_info (SotW) of the type.
+	Version string
+	// Nonce is the nonce of the last response of the type on this stream.
+	Nonce string
+	// Synced is true once a response of the type arrived on this stream.
+	Synced bool
+	// Error is the last connection error, in one line.
+	Error string
+	// Since is when State last changed.
+	Since time.Time
+}
+
+func (s *TypeStatus) TableHeader() []string {
+	return []string{"Type", "Server", "Protocol", "State", "Attempts", "Version", "Nonce", "Synced", "Error", "Since"}
+}
+
+func (s *TypeStatus) TableRow() []string {
+	return []string{
+		ShortTypeName(s.TypeURL), s.Server, s.Protocol, string(s.State),
+		strconv.FormatUint(s.Attempts, 10), s.Version, s.Nonce, strconv.FormatBool(s.Synced), s.Error,
+		formatTime(s.Since),
+	}
+}
+
+// TypeStatusIndex is the primary index of xds-status: the type URL.
+var TypeStatusIndex = statedb.Index[*TypeStatus, string]{
+	Name: "type",
+	FromObject: func(s *TypeStatus) index.KeySet {
+		return index.NewKeySet(index.String(s.TypeURL))
+	},
+	FromKey:    index.String,
+	FromString: index.FromString,
+	Unique:     true,
+}
+
+// NewResourcesTable registers xds-resources in db.
+func NewResourcesTable(db *statedb.DB) (statedb.RWTable[*ResourceStatus], error) {
+	return statedb.NewTable(db, ResourcesTableName, ResourceIndex, ResourceTypeIndex)
+}
+
+// NewStatusTable registers xds-status in db.
+func NewStatusTable(db *statedb.DB) (statedb.RWTable[*TypeStatus], error) {
+	return statedb.NewTable(db, StatusTableName, TypeStatusIndex)
+}
+
+// ShortTypeName is the message name of a type URL: "Cluster" for
+// "type.googleapis.com/envoy.config.cluster.v3.Cluster".
+func ShortTypeName(typeURL string) string {
+	if i := strings.LastIndexByte(typeURL, '.'); i >= 0 {
+		return typeURL[i+1:]
+	}
+	return typeURL
+}
+
+// kindName is the lower-case words of a type's short name, used to name a
+// resource in errors: "cluster", "cluster load assignment".
+func kindName(typeURL string) string {
+	var b strings.Builder
+	for i, r := range ShortTypeName(typeURL) {
+		if r >= 'A' && r <= 'Z' {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			r += 'a' - 'A'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
