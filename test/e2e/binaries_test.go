@@ -41,31 +41,49 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// start runs a binary until the test ends; its output goes to the test log
-// when the test fails.
-func start(t *testing.T, bin string, args ...string) *exec.Cmd {
+// proc is a binary running until the test ends; its output goes to the
+// test log when the test fails.
+type proc struct {
+	name string
+	out  bytes.Buffer
+	done chan struct{}
+}
+
+// exited reports a process that ended before the test did.
+var exited = make(chan *proc, 8)
+
+func start(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
-	var out bytes.Buffer
+	p := &proc{name: filepath.Base(bin), done: make(chan struct{})}
 	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdout, cmd.Stderr = &p.out, &p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
+	stopping := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(p.done)
 		select {
-		case <-done:
+		case <-stopping:
+		default:
+			exited <- p
+		}
+	}()
+	t.Cleanup(func() {
+		close(stopping)
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-p.done:
 		case <-time.After(10 * time.Second):
 			cmd.Process.Kill()
-			<-done
+			<-p.done
 		}
 		if t.Failed() {
-			t.Logf("%s output:\n%s", filepath.Base(bin), out.String())
+			t.Logf("%s output:\n%s", p.name, p.out.String())
 		}
 	})
-	return cmd
+	return p
 }
 
 // eventually runs l4xds-dbg with args until its output satisfies ok.
@@ -80,7 +98,11 @@ func eventually(t *testing.T, dbg, socket string, args []string, what string, ok
 		if err == nil && ok(last) {
 			return last
 		}
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case p := <-exited:
+			t.Fatalf("%s exited early", p.name)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	t.Fatalf("l4xds-dbg %s never showed %s; last output:\n%s", strings.Join(args, " "), what, last)
 	return ""
