@@ -69,7 +69,7 @@ func Command() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := client()
-			if err := run(c, "db/show xds-status"); err != nil {
+			if err := run(c, "xds/status"); err != nil {
 				return err
 			}
 			fmt.Println()

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -45,8 +46,26 @@ func freePort(t *testing.T) string {
 // test log when the test fails.
 type proc struct {
 	name string
-	out  bytes.Buffer
+	out  syncBuffer
 	done chan struct{}
+}
+
+// syncBuffer is the output of a running process, readable while it runs.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // exited reports a process that ended before the test did.
@@ -144,20 +163,32 @@ func TestBinariesServeTheCFPExampleOverMTLS(t *testing.T) {
 		"--cert", filepath.Join(certs, "server.crt"), "--key", filepath.Join(certs, "server.key"),
 		"--client-ca", filepath.Join(certs, "ca.crt"))
 
+	// The agent reads the CFP's configuration block verbatim.
+	config := filepath.Join(dir, "l4xds.yaml")
+	if err := os.WriteFile(config, []byte(`xds-control-plane:
+  # Enables the xDS client in the Cilium agent for L4 LB
+  enabled: true
+  # Address of the external xDS management server
+  server-address: "`+addr+`"
+  # Optional: Path to a client certificate for mTLS authentication
+  client-cert-path: "`+filepath.Join(certs, "client.crt")+`"
+  # Optional: Path to a client key for mTLS authentication
+  client-key-path: "`+filepath.Join(certs, "client.key")+`"
+  # Optional: Path to the CA certificate for verifying the xDS server
+  ca-cert-path: "`+filepath.Join(certs, "ca.crt")+`"
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	socket := filepath.Join(dir, "agent.sock")
-	start(t, filepath.Join(bin, "l4xds-agent"),
-		"--api-socket", socket, "--datapath", "none",
-		"--enable-xds-control-plane", "--xds-server-address", addr, "--xds-server-name", "localhost",
-		"--xds-client-cert-path", filepath.Join(certs, "client.crt"),
-		"--xds-client-key-path", filepath.Join(certs, "client.key"),
-		"--xds-ca-cert-path", filepath.Join(certs, "ca.crt"),
-		"--xds-node-id", "e2e-node")
+	start(t, filepath.Join(bin, "l4xds-agent"), "--config-file", config,
+		"--api-socket", socket, "--datapath", "none", "--xds-server-name", "localhost", "--xds-node-id", "e2e-node")
 
 	dbg := filepath.Join(bin, "l4xds-dbg")
 	shows(t, dbg, socket, []string{"statedb", "frontends"}, "10.1.2.3:3306/TCP", "my-database-service", "192.168.1.10:3306", "192.168.1.11:3306")
 	shows(t, dbg, socket, []string{"statedb", "backends"}, "192.168.1.10:3306", "192.168.1.11:3306")
 	shows(t, dbg, socket, []string{"statedb", "services", "-o", "json"}, `"my-database-service"`)
-	shows(t, dbg, socket, []string{"xds", "status"}, "my-database-service", "acked")
+	shows(t, dbg, socket, []string{"xds", "status"}, "connected", "my-database-service", "acked")
+	shows(t, dbg, socket, []string{"shell", "--", "db/show", "frontends"}, "10.1.2.3:3306/TCP")
 
 	// Edit the file: a third backend, the first one draining.
 	edited := strings.Replace(string(cfp),
@@ -179,4 +210,28 @@ func TestBinariesServeTheCFPExampleOverMTLS(t *testing.T) {
 	eventually(t, dbg, socket, []string{"statedb", "frontends"}, "no 10.1.2.3 frontend", func(out string) bool {
 		return strings.Contains(out, "Address") && !strings.Contains(out, "10.1.2.3")
 	})
+}
+
+func TestBinariesAgentIsDisabledByDefault(t *testing.T) {
+	bin := binDir(t)
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	agent := start(t, filepath.Join(bin, "l4xds-agent"), "--api-socket", socket, "--datapath", "none")
+	dbg := filepath.Join(bin, "l4xds-dbg")
+	shows(t, dbg, socket, []string{"xds", "status"}, "xDS control plane disabled")
+	shows(t, dbg, socket, []string{"statedb", "frontends"}, "Address")
+	if !strings.Contains(agent.out.String(), "disabled") {
+		t.Errorf("the agent's log does not say that xDS is disabled:\n%s", agent.out.String())
+	}
+}
+
+func TestBinariesAgentRefusesABadConfigFileNamingTheKey(t *testing.T) {
+	bin := binDir(t)
+	config := filepath.Join(t.TempDir(), "l4xds.yaml")
+	if err := os.WriteFile(config, []byte("xds-control-plane:\n  server-adress: x:1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(filepath.Join(bin, "l4xds-agent"), "--config-file", config, "--api-socket", filepath.Join(t.TempDir(), "s")).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "xds-control-plane.server-adress") {
+		t.Errorf("agent with a typo in its config file: %v\n%s\nwant a failure naming xds-control-plane.server-adress", err, out)
+	}
 }

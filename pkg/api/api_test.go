@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package api
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/hive/script"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+
+	"github.com/l4xds/l4xds/pkg/health"
+)
+
+type row struct{ Name, Value string }
+
+func (r row) TableHeader() []string { return []string{"Name", "Value"} }
+func (r row) TableRow() []string    { return []string{r.Name, r.Value} }
+
+var rowByName = statedb.Index[row, string]{
+	Name:       "name",
+	FromObject: func(r row) index.KeySet { return index.NewKeySet(index.String(r.Name)) },
+	FromKey:    index.String,
+	FromString: index.FromString,
+	Unique:     true,
+}
+
+type fixture struct {
+	client *Client
+	socket string
+	health *health.Registry
+}
+
+// serve runs the API on a socket in a temp dir, as the agent does, over a
+// table holding rows a=1 and b=2.
+func serve(t *testing.T) fixture {
+	t.Helper()
+	db := statedb.New()
+	tbl, err := statedb.NewTable(db, "rows", rowByName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	txn := db.WriteTxn(tbl)
+	tbl.Insert(txn, row{"a", "1"})
+	tbl.Insert(txn, row{"b", "2"})
+	txn.Commit()
+
+	reg := health.NewRegistry()
+	cmds := map[string]script.Cmd{}
+	for _, c := range statedb.ScriptCommands(db).ScriptCmds {
+		cmds[c.Name] = c.Cmd
+	}
+	socket := filepath.Join(t.TempDir(), "run", "agent.sock")
+	// A stale socket file of a previous run must not stop the agent.
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(socket, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := Listen(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: NewHandler(db, reg, cmds)}
+	go srv.Serve(lis)
+	t.Cleanup(func() { srv.Close() })
+	return fixture{client: NewClient(socket), socket: socket, health: reg}
+}
+
+func TestSocketIsRootsOnly(t *testing.T) {
+	f := serve(t)
+	fi, err := os.Stat(f.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode = %v, want a socket with 0600", fi.Mode())
+	}
+}
+
+func TestRemoteTableReadsRows(t *testing.T) {
+	f := serve(t)
+	objs, errs := RemoteTable[row](f.client, "rows").Get(context.Background(), rowByName.Query("b"))
+	var got []row
+	for obj := range objs {
+		got = append(got, obj)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != (row{"b", "2"}) {
+		t.Errorf("remote get b = %v, want [{b 2}]", got)
+	}
+}
+
+func TestShellRunsCommands(t *testing.T) {
+	f := serve(t)
+	var out bytes.Buffer
+	if err := f.client.Shell(context.Background(), "db/show --format=table rows", &out); err != nil {
+		t.Fatal(err)
+	}
+	want := "Name   Value\na      1\nb      2\n"
+	if out.String() != want {
+		t.Errorf("db/show rows printed %q, want %q", out.String(), want)
+	}
+
+	out.Reset()
+	err := f.client.Shell(context.Background(), "db/show nosuchtable", &out)
+	if err == nil || !strings.Contains(err.Error(), "nosuchtable") {
+		t.Errorf("db/show of a missing table: error %v, want one naming the table", err)
+	}
+	err = f.client.Shell(context.Background(), "no/such/command", &out)
+	if err == nil || !strings.Contains(err.Error(), "no/such/command") {
+		t.Errorf("unknown command: error %v, want one naming it", err)
+	}
+}
+
+func TestHealthzIsUnavailableWhileDegraded(t *testing.T) {
+	f := serve(t)
+	xds := f.health.Root().NewScope("xds")
+	xds.OK("connected to xds:9000")
+	rep, err := f.client.Health(context.Background())
+	if err != nil || !rep.OK || len(rep.Statuses) != 1 {
+		t.Fatalf("health = %+v, %v; want OK with one status", rep, err)
+	}
+
+	xds.Degraded("disconnected from xds:9000", os.ErrDeadlineExceeded)
+	resp, err := (&http.Client{Transport: f.client.transport}).Get("http://agent/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/healthz status %d while degraded, want 503", resp.StatusCode)
+	}
+	rep, err = f.client.Health(context.Background())
+	if err != nil || rep.OK || !strings.Contains(rep.Statuses[0].String(), "xds: Degraded: disconnected from xds:9000") {
+		t.Errorf("health = %+v, %v; want degraded with the reason", rep, err)
+	}
+}
+
+func TestClientNamesTheSocketWhenTheAgentIsNotRunning(t *testing.T) {
+	c := NewClient(filepath.Join(t.TempDir(), "none.sock"))
+	_, err := c.Health(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "none.sock") || !strings.Contains(err.Error(), "is l4xds-agent running") {
+		t.Errorf("error %v, want one naming the socket and the likely cause", err)
+	}
+}
