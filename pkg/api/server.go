@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -61,6 +62,8 @@ func NewHandler(db *statedb.DB, reg *health.Registry, cmds map[string]script.Cmd
 		}
 		json.NewEncoder(w).Encode(rep)
 	})
+	cmds = maps.Clone(cmds)
+	cmds["help"] = script.Help()
 	engine := &script.Engine{Cmds: cmds}
 	mux.HandleFunc("/shell", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -82,7 +85,9 @@ func NewHandler(db *statedb.DB, reg *health.Registry, cmds map[string]script.Cmd
 		w.Header().Set("Trailer", ShellErrorTrailer)
 		out := &shellWriter{w: w}
 		if err := engine.ExecuteLine(s, strings.TrimSpace(string(line)), out); err != nil {
-			w.Header().Set(ShellErrorTrailer, err.Error())
+			// One line, without the script engine's "<stdin>:0: " position.
+			msg := strings.TrimPrefix(err.Error(), "<stdin>:0: ")
+			w.Header().Set(ShellErrorTrailer, strings.ReplaceAll(msg, "\n", "; "))
 		}
 	})
 	return mux
@@ -160,8 +165,6 @@ func (sw *shellWriter) Write(p []byte) (int, error) {
 	return len(p), err
 }
 
-func (sw *shellWriter) Flush() {
-	if f, ok := sw.w.(http.Flusher); ok {
-		f.Flush()
-	}
+func (sw *shellWriter) Flush() error {
+	return http.NewResponseController(sw.w).Flush()
 }

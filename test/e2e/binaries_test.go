@@ -5,6 +5,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"net"
@@ -190,6 +191,8 @@ func TestBinariesServeTheCFPExampleOverMTLS(t *testing.T) {
 	shows(t, dbg, socket, []string{"xds", "status"}, "connected", "my-database-service", "acked")
 	shows(t, dbg, socket, []string{"shell", "--", "db/show", "frontends"}, "10.1.2.3:3306/TCP")
 
+	watchFrontends(t, dbg, socket, "10.1.2.3:3306/TCP")
+
 	// Edit the file: a third backend, the first one draining.
 	edited := strings.Replace(string(cfp),
 		"socket_address: { address: 192.168.1.11, port_value: 3306 }",
@@ -234,4 +237,31 @@ func TestBinariesAgentRefusesABadConfigFileNamingTheKey(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "xds-control-plane.server-adress") {
 		t.Errorf("agent with a typo in its config file: %v\n%s\nwant a failure naming xds-control-plane.server-adress", err, out)
 	}
+}
+
+// watchFrontends runs `l4xds-dbg statedb frontends -w` until it streams a
+// line containing want.
+func watchFrontends(t *testing.T, dbg, socket, want string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, dbg, "--socket", socket, "statedb", "frontends", "-w")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cancel()
+	lines := bufio.NewScanner(stdout)
+	var seen []string
+	for lines.Scan() {
+		if strings.Contains(lines.Text(), want) {
+			return
+		}
+		seen = append(seen, lines.Text())
+	}
+	t.Fatalf("statedb frontends -w never streamed %q; got:\n%s", want, strings.Join(seen, "\n"))
 }
