@@ -148,13 +148,13 @@ type Service struct {
 	// Labels are free-form annotations (e.g. the xDS resource version).
 	Labels map[string]string
 	// SourceRanges, when not empty, are the only client prefixes allowed.
-	SourceRanges []netip.Prefix
+	SourceRanges []netip.Prefix `yaml:"sourceRanges"`
 	// SessionAffinity pins a client IP to its backend for
 	// SessionAffinityTimeout.
-	SessionAffinity        bool
-	SessionAffinityTimeout time.Duration
+	SessionAffinity        bool          `yaml:"sessionAffinity"`
+	SessionAffinityTimeout time.Duration `yaml:"sessionAffinityTimeout"`
 	// PortNames maps a port name to a frontend port.
-	PortNames map[string]uint16
+	PortNames map[string]uint16 `yaml:"portNames"`
 }
 
 func (s *Service) Clone() *Service { s2 := *s; return &s2 }
@@ -163,11 +163,11 @@ func (s *Service) Clone() *Service { s2 := *s; return &s2 }
 type FrontendParams struct {
 	Address     L3n4Addr
 	Type        SVCType
-	ServiceName ServiceName
-	PortName    string
+	ServiceName ServiceName `yaml:"serviceName"`
+	PortName    string      `yaml:"portName"`
 	// ServicePort, when not zero, replaces the port of every backend of the
 	// frontend (the frontend's target_port).
-	ServicePort uint16
+	ServicePort uint16 `yaml:"servicePort"`
 }
 
 // Frontend is a row of the frontends table: the params, the backends the
@@ -241,7 +241,7 @@ type BackendParams struct {
 // one source.
 type Backend struct {
 	BackendParams `yaml:",inline"`
-	ServiceName   ServiceName
+	ServiceName   ServiceName `yaml:"serviceName"`
 	Source        Source
 }
 
