@@ -39,6 +39,7 @@ import (
 func TestScript(t *testing.T) {
 	for _, protocol := range []string{xds.ProtocolSotW, xds.ProtocolDelta} {
 		t.Run(protocol, func(t *testing.T) {
+			t.Parallel()
 			scripttest.Test(t, context.Background(),
 				func(tb testing.TB, args []string) *script.Engine { return newEngine(tb, protocol) },
 				nil, "testdata/*.txtar")
