@@ -5,7 +5,7 @@ BIN      := bin
 BINARIES := l4xds-agent l4xds-dbg l4xds-control-plane
 PKGS     := ./...
 
-.PHONY: all build test test-unit bench generate demo lint clean
+.PHONY: all build test bench fuzz generate demo lint clean
 
 all: build
 
@@ -21,6 +21,11 @@ test: build
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m $(PKGS)
+
+# Fuzz the io.cilium.l4lb translation (FUZZTIME=5m for longer).
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzTranslateCluster -fuzztime $(FUZZTIME) ./pkg/l4lb
 
 generate:
 	$(GO) generate $(PKGS)
