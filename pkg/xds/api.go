@@ -27,7 +27,9 @@ type Resource struct {
 // dropped the resources that did not change since the version it holds.
 type Update struct {
 	TypeURL string
-	// Upserted are new or changed resources.
+	// Upserted are new or changed resources, then, sorted by name, the
+	// resources the handler rejected earlier, offered again (see Handler).
+	// A name appears at most once.
 	Upserted []Resource
 	// Removed are names that no longer exist: absent from a SotW response of
 	// a wildcard type, in a Delta removed_resources, swept after a reconnect
@@ -43,6 +45,14 @@ type Update struct {
 // response with an error_detail naming each of them, keeps their previous
 // accepted version (state nacked-but-cached, or nacked if there is none),
 // and keeps the good resources of the same response.
+//
+// A resource may be valid or not depending on others (two clusters that
+// want one VIP), and a Delta server never sends a rejected resource again.
+// So the last rejected version of each resource is offered again with every
+// later update of its type, until it is accepted (it then becomes the
+// accepted version), changed or removed. Rejecting it again NACKs only a
+// response that carries it (SotW resends every resource of a wildcard
+// type). Removals cannot be rejected.
 type Handler interface {
 	HandleUpdate(ctx context.Context, u Update) (rejected map[string]error)
 }

@@ -418,7 +418,11 @@ func (c *Client) session(ctx context.Context, b *Backoff) error {
 				return c.sendFailed(sctx, respCh, err)
 			}
 		case <-expiry:
-			c.expire(ctx, time.Now())
+			now := time.Now()
+			c.expire(ctx, now)
+			if err := c.sendDueNacks(st, now); err != nil {
+				return c.sendFailed(sctx, respCh, err)
+			}
 		}
 	}
 }
@@ -516,7 +520,7 @@ func (c *Client) startStream() {
 		ts.nonce = ""
 		ts.responded = false
 		ts.sent = false
-		ts.lastNack = ""
+		ts.lastNack, ts.nackRepeats, ts.pendingNack = "", 0, nil
 		clear(ts.subscribed)
 		// The first response of a wildcard type on a new stream is the
 		// server's full state: what the cache has and it lacks is swept.
@@ -542,6 +546,12 @@ func (c *Client) sendAll(st adsStream) error {
 // sendRequest sends the type's current subscription; with ack it
 // acknowledges (errorDetail nil) or rejects the last response.
 func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail *rpcStatus) error {
+	if ts.pendingNack != nil {
+		// Whatever this request is for, it answers the response whose
+		// NACK was held back.
+		ack, errorDetail = true, ts.pendingNack
+		ts.pendingNack = nil
+	}
 	desired := ts.names
 	if ts.wildcard {
 		desired = wildcardNames
@@ -559,7 +569,10 @@ func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail 
 	if delta {
 		// No initial_resource_versions on a new stream, ever: the server
 		// then sends everything it has, which is the full state the
-		// mark-and-sweep after a reconnect needs.
+		// mark-and-sweep after a reconnect needs (go-control-plane sends
+		// it in one response, empty if it has nothing). Versions are also
+		// not comparable across servers: a restarted cache counts again
+		// from 1, and a stale resource would pass for current.
 		for n := range desired {
 			if _, ok := ts.subscribed[n]; !ok {
 				req.subscribe = append(req.subscribe, n)
@@ -593,26 +606,46 @@ func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail 
 		return err
 	}
 	c.nodeSent = true
+	c.startDeadlines(ts, time.Now(), !ts.sent)
 	ts.sent = true
 	ts.dirty = false
 	if delta {
 		ts.subscribed = maps.Clone(desired)
 	}
-	c.startDeadlines(ts, time.Now())
+	return nil
+}
+
+// sendDueNacks sends the NACKs held back whose time has come.
+func (c *Client) sendDueNacks(st adsStream, now time.Time) error {
+	for _, url := range c.typeOrder {
+		ts := c.types[url]
+		if ts.pendingNack == nil || ts.nackAt.After(now) {
+			continue
+		}
+		if err := c.sendRequest(st, ts, true, nil); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 var wildcardNames = map[string]struct{}{"*": {}}
 
 // startDeadlines starts the does-not-exist timer of every requested name
-// that has neither a cached resource nor a running timer.
-func (c *Client) startDeadlines(ts *typeState, now time.Time) {
+// that has neither a cached resource nor a running timer, and of which
+// nothing was received: a resource the handler rejected exists. On a new
+// stream (first) the timer also starts for names whose only version was
+// rejected, since the new stream must show they still exist.
+func (c *Client) startDeadlines(ts *typeState, now time.Time, first bool) {
 	if ts.wildcard {
 		return
 	}
 	for n := range ts.names {
 		e := ts.entries[n]
-		if e == nil || e.bytes != nil || e.state == StateDoesNotExist {
+		if e == nil || e.bytes != nil {
+			continue
+		}
+		if e.state != StateRequested && (e.state != StateNacked || !first) {
 			continue
 		}
 		if _, ok := ts.deadlines[n]; !ok {
@@ -628,6 +661,9 @@ func (c *Client) nextDeadline() (time.Time, bool) {
 			if next.IsZero() || d.Before(next) {
 				next = d
 			}
+		}
+		if ts.pendingNack != nil && (next.IsZero() || ts.nackAt.Before(next)) {
+			next = ts.nackAt
 		}
 	}
 	return next, !next.IsZero()
@@ -647,8 +683,7 @@ func (c *Client) expire(ctx context.Context, now time.Time) {
 			if e == nil || e.bytes != nil || e.state == StateDoesNotExist {
 				continue
 			}
-			e.state = StateDoesNotExist
-			e.updated = now
+			*e = entry{state: StateDoesNotExist, updated: now}
 			removed = append(removed, n)
 		}
 		if len(removed) == 0 {
@@ -657,8 +692,9 @@ func (c *Client) expire(ctx context.Context, now time.Time) {
 		slices.Sort(removed)
 		c.log.Info("xDS resources do not exist", "type", ShortTypeName(url), "names", removed,
 			"timeout", c.cfg.XDSResourceDoesNotExistTimeout)
-		ts.handler.HandleUpdate(ctx, Update{TypeURL: url, Removed: removed})
-		c.writeResources(ts, removed)
+		// A removal cannot be refused; the offers' outcome is applied.
+		_, offered := c.deliver(ctx, ts, nil, removed, now)
+		c.writeResources(ts, append(removed, offered...))
 	}
 }
 

@@ -141,9 +141,13 @@ func TestNackMessage(t *testing.T) {
 	got := nackMessage(ClusterType, map[string]string{
 		"db":  "io.cilium.l4lb.port: 70000 is out of range 1..65535",
 		"api": `cluster "api": already named`,
+		"#12": "cluster #12: resource has no name",
 		"#3":  "cluster #3: resource has no name",
+		"zz":  `VIP 10.0.0.1:80/TCP of cluster "zz" is held by cluster "api"`,
 	})
-	want := `cluster "api": already named; cluster "db": io.cilium.l4lb.port: 70000 is out of range 1..65535; cluster #3: resource has no name`
+	// By name, not by text; unnamed last, by index.
+	want := `cluster "api": already named; cluster "db": io.cilium.l4lb.port: 70000 is out of range 1..65535; ` +
+		`VIP 10.0.0.1:80/TCP of cluster "zz" is held by cluster "api"; cluster #3: resource has no name; cluster #12: resource has no name`
 	if got != want {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}

@@ -6,7 +6,9 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -40,8 +42,18 @@ type testServer struct {
 	endpoints *cache.LinearCache
 	grpc      *grpc.Server
 
-	mu       sync.Mutex
-	requests []seenRequest
+	mu        sync.Mutex
+	requests  []seenRequest
+	responses []seenResponse
+	// closeOnAck makes the server end the stream at every ACK or NACK.
+	closeOnAck bool
+}
+
+// seenResponse is a response as the server sent it.
+type seenResponse struct {
+	TypeURL string
+	Names   []string // the resources it carries
+	Removed []string // Delta
 }
 
 // seenRequest is a SotW or Delta request as the server received it.
@@ -73,19 +85,33 @@ func startServer(t testing.TB, addr, certDir string, setup func(*testServer)) *t
 	}
 	callbacks := server.CallbackFuncs{
 		StreamRequestFunc: func(_ int64, r *discoveryv3.DiscoveryRequest) error {
-			s.record(seenRequest{
+			return s.record(seenRequest{
 				TypeURL: r.GetTypeUrl(), Node: r.GetNode(), Version: r.GetVersionInfo(),
 				Nonce: r.GetResponseNonce(), Names: r.GetResourceNames(), Error: r.GetErrorDetail().GetMessage(),
 			})
-			return nil
+		},
+		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoveryv3.DiscoveryRequest, r *discoveryv3.DiscoveryResponse) {
+			seen := seenResponse{TypeURL: r.GetTypeUrl()}
+			for _, a := range r.GetResources() {
+				if m, err := a.UnmarshalNew(); err == nil {
+					seen.Names = append(seen.Names, resourceName(m))
+				}
+			}
+			s.recordResponse(seen)
+		},
+		StreamDeltaResponseFunc: func(_ int64, _ *discoveryv3.DeltaDiscoveryRequest, r *discoveryv3.DeltaDiscoveryResponse) {
+			seen := seenResponse{TypeURL: r.GetTypeUrl(), Removed: r.GetRemovedResources()}
+			for _, res := range r.GetResources() {
+				seen.Names = append(seen.Names, res.GetName())
+			}
+			s.recordResponse(seen)
 		},
 		StreamDeltaRequestFunc: func(_ int64, r *discoveryv3.DeltaDiscoveryRequest) error {
-			s.record(seenRequest{
+			return s.record(seenRequest{
 				TypeURL: r.GetTypeUrl(), Node: r.GetNode(), Nonce: r.GetResponseNonce(),
 				Subscribe: r.GetResourceNamesSubscribe(), Unsubscribe: r.GetResourceNamesUnsubscribe(),
 				Error: r.GetErrorDetail().GetMessage(),
 			})
-			return nil
 		},
 	}
 	var opts []grpc.ServerOption
@@ -140,10 +166,33 @@ func serverTLS(t testing.TB, dir string) *tls.Config {
 	}
 }
 
-func (s *testServer) record(r seenRequest) {
+func (s *testServer) record(r seenRequest) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.requests = append(s.requests, r)
+	if s.closeOnAck && r.Nonce != "" {
+		return errors.New("closing the stream as told")
+	}
+	return nil
+}
+
+func (s *testServer) recordResponse(r seenResponse) {
+	s.mu.Lock()
+	s.responses = append(s.responses, r)
 	s.mu.Unlock()
+}
+
+// sent returns the responses of a type sent so far.
+func (s *testServer) sent(typeURL string) []seenResponse {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []seenResponse
+	for _, r := range s.responses {
+		if r.TypeURL == typeURL {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // seen returns the requests of a type received so far.
@@ -204,30 +253,63 @@ func endpoints(name string, priority uint32) *endpointv3.ClusterLoadAssignment {
 	}
 }
 
-// recorder is a Handler that records updates and rejects clusters tagged
-// "bad" the way the load balancer rejects an invalid port.
+// recorder is a Handler that records updates and holds what it accepted,
+// as a consumer does. It rejects clusters tagged "bad" the way the load
+// balancer rejects an invalid port, endpoints of priority 9, and a cluster
+// whose VIP (in conflicts) is held by another cluster it holds.
 type recorder struct {
 	mu      sync.Mutex
 	updates []Update
+	held    map[string]string // name to tag or "p<priority>"
 	// onUpdate runs inside the handler (to call SetNames from it).
 	onUpdate func(Update)
+	// conflicts maps a cluster to the one whose VIP it wants.
+	conflicts map[string]string
 }
 
-const badPortError = "io.cilium.l4lb.port: 70000 is out of range 1..65535"
+const (
+	badPortError      = "io.cilium.l4lb.port: 70000 is out of range 1..65535"
+	badPriorityError  = "priority 9 is not supported"
+	vipConflictPrefix = "VIP held by cluster "
+)
 
 func (r *recorder) HandleUpdate(_ context.Context, u Update) map[string]error {
 	r.mu.Lock()
 	r.updates = append(r.updates, u)
 	f := r.onUpdate
-	r.mu.Unlock()
-	if f != nil {
-		f(u)
+	if r.held == nil {
+		r.held = map[string]string{}
+	}
+	for _, n := range u.Removed {
+		delete(r.held, n)
 	}
 	rejected := map[string]error{}
 	for _, res := range u.Upserted {
-		if c, ok := res.Message.(*clusterv3.Cluster); ok && c.GetAltStatName() == "bad" {
-			rejected[res.Name] = errString(badPortError)
+		switch m := res.Message.(type) {
+		case *clusterv3.Cluster:
+			if m.GetAltStatName() == "bad" {
+				rejected[res.Name] = errString(badPortError)
+				continue
+			}
+			if other, ok := r.conflicts[res.Name]; ok {
+				if _, held := r.held[other]; held {
+					rejected[res.Name] = errString(vipConflictPrefix + other)
+					continue
+				}
+			}
+			r.held[res.Name] = m.GetAltStatName()
+		case *endpointv3.ClusterLoadAssignment:
+			p := m.GetEndpoints()[0].GetPriority()
+			if p == 9 {
+				rejected[res.Name] = errString(badPriorityError)
+				continue
+			}
+			r.held[res.Name] = "p" + string(rune('0'+p))
 		}
+	}
+	r.mu.Unlock()
+	if f != nil {
+		f(u)
 	}
 	return rejected
 }
@@ -248,26 +330,12 @@ func (r *recorder) count() int {
 	return len(r.updates)
 }
 
-// state folds the updates into the resources the consumer holds: name to
-// tag (clusters) or priority (endpoints), as a string.
+// state is what the consumer holds: name to tag (clusters) or priority
+// (endpoints), as a string.
 func (r *recorder) state() map[string]string {
-	out := map[string]string{}
-	for _, u := range r.all() {
-		for _, res := range u.Upserted {
-			switch m := res.Message.(type) {
-			case *clusterv3.Cluster:
-				if m.GetAltStatName() != "bad" {
-					out[res.Name] = m.GetAltStatName()
-				}
-			case *endpointv3.ClusterLoadAssignment:
-				out[res.Name] = "p" + string(rune('0'+m.GetEndpoints()[0].GetPriority()))
-			}
-		}
-		for _, n := range u.Removed {
-			delete(out, n)
-		}
-	}
-	return out
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.held)
 }
 
 // removedNames lists every name ever delivered as Removed.
@@ -319,8 +387,8 @@ func testConfig(addr, certDir, protocol string) Config {
 }
 
 // startClient runs a client watching clusters (wildcard) and endpoints
-// (by name) until the test ends.
-func startClient(t *testing.T, cfg Config) *testClient {
+// (by name) until the test ends. Each setup runs before the client does.
+func startClient(t *testing.T, cfg Config, setup ...func(*testClient)) *testClient {
 	t.Helper()
 	db := statedb.New()
 	c, err := NewClient(cfg, hivetest.Logger(t, hivetest.LogLevel(slog.LevelDebug)), db, WithBackoff(testBackoff))
@@ -330,6 +398,9 @@ func startClient(t *testing.T, cfg Config) *testClient {
 	tc := &testClient{Client: c, db: db, clusters: &recorder{}, eps: &recorder{}}
 	c.Watch(ClusterType, true, tc.clusters)
 	c.Watch(EndpointType, false, tc.eps)
+	for _, f := range setup {
+		f(tc)
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

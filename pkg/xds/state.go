@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +42,13 @@ type typeState struct {
 	sweep      bool                // next response is a full state to sweep against (Delta)
 	subscribed map[string]struct{} // names subscribed on this stream (Delta)
 	lastNack   string              // version and error of the last NACK
+	// nackRepeats counts the NACKs in a row identical to lastNack.
+	nackRepeats int
+	// pendingNack is a NACK held back until nackAt: a server that answers
+	// a NACK with the same response at once is paced without stopping the
+	// other types, nor SetNames.
+	pendingNack *rpcStatus
+	nackAt      time.Time
 }
 
 func newTypeState(url string, w *watchSpec) *typeState {
@@ -62,10 +70,16 @@ type entry struct {
 	version string
 	state   ResourceState
 	// err and rejected are why and what was last rejected, so that a
-	// server resending the same bad resource does not bother the handler.
+	// server resending the same bad resource does not bother the handler
+	// unless something else changed.
 	err      string
 	rejected []byte
-	updated  time.Time
+	// offer is the decoded rejected resource when the handler rejected it
+	// (rather than the decoding), so that it is offered again with the
+	// next update of the type: its validity may depend on other resources
+	// (a VIP another cluster holds), and a Delta server never resends it.
+	offer   *Resource
+	updated time.Time
 }
 
 func (e *entry) row(typeURL, name string) *ResourceStatus {
@@ -90,14 +104,20 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 	now := time.Now()
 	delta := c.cfg.XDSProtocol == ProtocolDelta
 	ts.nonce = resp.nonce
+	// This response is answered instead of the one a NACK was held for.
+	ts.pendingNack = nil
 
 	var (
-		upserted  []Resource
+		upserted []Resource
+		// again are resources the handler rejected before, unchanged:
+		// offered again only along with an update.
+		again     []Resource
 		removed   []string
 		touched   []string
 		changed   = map[string][]byte{} // given to the handler
 		rejected  = map[string]string{} // name, or "#index" when unnamed
 		badBytes  = map[string][]byte{}
+		offers    = map[string]*Resource{} // rejected by the handler
 		present   = make(map[string]struct{}, len(resp.resources))
 		sweepSafe = true
 	)
@@ -124,6 +144,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 			continue
 		}
 		e := ts.entries[name]
+		r := Resource{Name: name, Version: raw.version, Message: msg}
 		switch {
 		case e != nil && e.bytes != nil && bytes.Equal(e.bytes, value):
 			// Unchanged. If it was nacked, the server is back to the
@@ -132,14 +153,15 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 				if delta {
 					e.version = raw.version
 				}
-				e.state, e.err, e.rejected, e.updated = StateAcked, "", nil, now
+				e.state, e.err, e.rejected, e.offer, e.updated = StateAcked, "", nil, nil, now
 				touched = append(touched, name)
 			}
 		case e != nil && e.rejected != nil && bytes.Equal(e.rejected, value):
-			rejected[name] = e.err // same bad resource again
+			changed[name] = value
+			again = append(again, r)
 		default:
 			changed[name] = value
-			upserted = append(upserted, Resource{Name: name, Version: raw.version, Message: msg})
+			upserted = append(upserted, r)
 		}
 	}
 
@@ -182,17 +204,26 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 	}
 
 	if len(upserted) > 0 || len(removed) > 0 {
-		slices.Sort(removed)
-		removed = slices.Compact(removed)
-		rej := ts.handler.HandleUpdate(ctx, Update{TypeURL: ts.url, Upserted: upserted, Removed: removed})
-		for name, err := range rej {
-			value, ok := changed[name]
-			if !ok || err == nil {
+		upserted = append(upserted, again...)
+		rej, offered := c.deliver(ctx, ts, upserted, removed, now)
+		touched = append(touched, offered...)
+		for _, r := range upserted {
+			err := rej[r.Name]
+			if err == nil {
 				continue // only an upserted resource can be rejected
 			}
-			rejected[name] = err.Error()
-			badBytes[name] = value
-			delete(changed, name)
+			rejected[r.Name] = err.Error()
+			badBytes[r.Name] = changed[r.Name]
+			offers[r.Name] = &r
+			delete(changed, r.Name)
+		}
+	} else {
+		// Nothing changed that could make them valid now.
+		for _, r := range again {
+			rejected[r.Name] = ts.entries[r.Name].err
+			badBytes[r.Name] = changed[r.Name]
+			offers[r.Name] = &r
+			delete(changed, r.Name)
 		}
 	}
 	for _, r := range upserted {
@@ -210,7 +241,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 			continue
 		}
 		e := ts.entry(name)
-		e.err, e.rejected, e.updated = msg, badBytes[name], now
+		e.err, e.rejected, e.offer, e.updated = msg, badBytes[name], offers[name], now
 		e.state = StateNacked
 		if e.bytes != nil {
 			e.state = StateNackedButCached
@@ -230,29 +261,93 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 	var detail *rpcStatus
 	if len(rejected) == 0 {
 		ts.version = resp.version
-		ts.lastNack = ""
+		ts.lastNack, ts.nackRepeats = "", 0
 	} else {
 		msg := nackMessage(ts.url, rejected)
 		detail = &rpcStatus{Code: int32(codes.InvalidArgument), Message: msg}
-		c.log.Warn("Rejected xDS resources",
-			"type", ShortTypeName(ts.url), "version", resp.version, "nonce", resp.nonce, "error", msg)
-		// A server may answer a NACK with the same response at once
-		// (go-control-plane does when the NACK carries no version); pace
-		// the repeats so the two never spin.
 		key := resp.version + "\x00" + msg
 		if key == ts.lastNack {
-			t := time.NewTimer(c.backoff.Initial)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
-			}
+			ts.nackRepeats++
+		} else {
+			ts.lastNack, ts.nackRepeats = key, 0
+			c.log.Warn("Rejected xDS resources",
+				"type", ShortTypeName(ts.url), "version", resp.version, "nonce", resp.nonce, "error", msg)
 		}
-		ts.lastNack = key
+		if ts.nackRepeats > 0 {
+			// A server may answer a NACK with the same response at once
+			// (go-control-plane does in SotW while no version was
+			// accepted): hold the NACK back so that the two never spin.
+			// The run loop sends it when due, or sooner with new names.
+			ts.pendingNack, ts.nackAt = detail, now.Add(c.nackPace(ts.nackRepeats))
+			c.writeStatus(ts)
+			return nil
+		}
 	}
 	c.writeStatus(ts)
 	return c.sendRequest(st, ts, true, detail)
+}
+
+// maxNackPace caps the wait before a repeated NACK: the server cannot send
+// a fixed version of the type before it has the NACK.
+const maxNackPace = 30 * time.Second
+
+// nackPace is the wait before the repeats-th identical NACK in a row: the
+// reconnect backoff's progression, capped by maxNackPace.
+func (c *Client) nackPace(repeats int) time.Duration {
+	limit := min(c.backoff.Max, maxNackPace)
+	d := c.backoff.Initial
+	for i := 1; i < repeats && d < limit; i++ {
+		d = time.Duration(float64(d) * c.backoff.Multiplier)
+	}
+	return max(min(d, limit), time.Millisecond)
+}
+
+// deliver calls the handler with an update, adding to it the last rejected
+// version of every resource of the type that the handler rejected and that
+// the update does not name: whether a resource is valid may depend on others
+// (a VIP held by another cluster), and a Delta server never resends a
+// resource it sent. The outcome of these offers is applied to the cache here,
+// and their names returned; the handler's verdict on the update's own
+// resources is returned for the caller to apply.
+func (c *Client) deliver(ctx context.Context, ts *typeState, upserted []Resource, removed []string, now time.Time) (map[string]error, []string) {
+	in := make(map[string]struct{}, len(upserted)+len(removed))
+	for _, r := range upserted {
+		in[r.Name] = struct{}{}
+	}
+	for _, n := range removed {
+		in[n] = struct{}{}
+	}
+	var offered []Resource
+	for name, e := range ts.entries {
+		if _, ok := in[name]; !ok && e.offer != nil {
+			offered = append(offered, *e.offer)
+		}
+	}
+	slices.SortFunc(offered, func(a, b Resource) int { return strings.Compare(a.Name, b.Name) })
+	slices.Sort(removed)
+	removed = slices.Compact(removed)
+
+	all := append(slices.Clip(upserted), offered...)
+	rej := ts.handler.HandleUpdate(ctx, Update{TypeURL: ts.url, Upserted: all, Removed: removed})
+
+	var touched []string
+	for _, r := range offered {
+		e := ts.entries[r.Name]
+		if err := rej[r.Name]; err != nil {
+			delete(rej, r.Name)
+			if msg := err.Error(); msg != e.err {
+				e.err, e.updated = msg, now
+				touched = append(touched, r.Name)
+			}
+			continue
+		}
+		c.log.Info("Rejected xDS resource accepted on a later update",
+			"type", ShortTypeName(ts.url), "name", r.Name, "version", r.Version)
+		*e = entry{bytes: e.rejected, version: r.Version, state: StateAcked, updated: now}
+		delete(ts.deadlines, r.Name)
+		touched = append(touched, r.Name)
+	}
+	return rej, touched
 }
 
 func (ts *typeState) entry(name string) *entry {
@@ -264,19 +359,39 @@ func (ts *typeState) entry(name string) *entry {
 	return e
 }
 
-// nackMessage lists each rejected resource's error, sorted, each naming the
-// resource: `cluster "db": io.cilium.l4lb.port: 70000 is out of range`.
+// nackMessage lists each rejected resource's error, sorted by name, each
+// naming the resource: `cluster "db": io.cilium.l4lb.port: 70000 is out of
+// range`.
 func nackMessage(typeURL string, rejected map[string]string) string {
 	kind := kindName(typeURL)
 	lines := make([]string, 0, len(rejected))
-	for name, msg := range rejected {
+	names := slices.Collect(maps.Keys(rejected))
+	slices.SortFunc(names, compareRejected)
+	for _, name := range names {
+		msg := rejected[name]
 		if !strings.HasPrefix(name, "#") && !strings.Contains(msg, strconv.Quote(name)) {
 			msg = kind + " " + strconv.Quote(name) + ": " + msg
 		}
 		lines = append(lines, msg)
 	}
-	slices.Sort(lines)
 	return strings.Join(lines, "; ")
+}
+
+// compareRejected orders names, then unnamed resources ("#index") by index.
+func compareRejected(a, b string) int {
+	ia, unnamedA := strings.CutPrefix(a, "#")
+	ib, unnamedB := strings.CutPrefix(b, "#")
+	switch {
+	case unnamedA && unnamedB:
+		x, _ := strconv.Atoi(ia)
+		y, _ := strconv.Atoi(ib)
+		return x - y
+	case unnamedA:
+		return 1
+	case unnamedB:
+		return -1
+	}
+	return strings.Compare(a, b)
 }
 
 // decodeResource decodes one resource and finds its name. The name is
