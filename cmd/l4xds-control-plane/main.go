@@ -67,7 +67,8 @@ by it into DIR, for trying mutual TLS between l4xds-control-plane and the agents
 The keys are written unencrypted: these certificates are for development and
 tests, not for production.
 
-The server certificate is valid for localhost, 127.0.0.1, ::1 and --server-name.`,
+The server certificate is valid for localhost, 127.0.0.1, ::1 and --server-name
+(a DNS name or an IP address).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
@@ -91,7 +92,7 @@ The server certificate is valid for localhost, 127.0.0.1, ::1 and --server-name.
 		},
 	}
 	cmd.Flags().StringVar(&out, "out", "", "directory to write the certificates to (created if missing)")
-	cmd.Flags().StringVar(&serverName, "server-name", "", "extra DNS name of the server certificate, the name agents dial (--xds-server-name)")
+	cmd.Flags().StringVar(&serverName, "server-name", "", "extra DNS name or IP address of the server certificate: what agents dial (their --xds-server-address or --xds-server-name)")
 	return cmd
 }
 
@@ -108,31 +109,38 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve --resources FILE (--cert F --key F --client-ca F | --insecure)",
 		Short: "Serve the resources of FILE over xDS, following its edits",
-		Long: `Serve the Envoy resources of FILE over xDS and apply every edit of FILE.
+		Long: `Serve the Envoy resources of FILE over xDS (ADS, SotW and Delta) and follow
+its changes: edits in place, editors that save by renaming, a FILE deleted and
+written again, and Kubernetes ConfigMap updates. Only the resources that
+changed are sent to clients.
 
-FILE holds YAML documents separated by "---" (or JSON). Each document is
-either the CFP's form
+FILE holds YAML documents separated by "---", or JSON. Each document is one
+resource under "resource:",
 
   resource:
     '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
     name: my-database-service
     ...
 
-or a bare resource with '@type', or Envoy's "resources: [...]" list. Field
-names may be snake_case or camelCase. A FILE that does not parse at start is
-an error; later, a bad edit is logged (file, document, field) and the last good
-resources keep being served.
+or the same map without "resource:" around it, or Envoy's filesystem form
+"resources: [...]". Field names may be snake_case or camelCase.
 
-Clients must present a certificate signed by --client-ca. --insecure serves
-plaintext to anyone instead, for local experiments only.`,
+A FILE that is invalid at start is an error. Later, an invalid edit is logged
+in one line that names the file, document, resource and field; like a missing
+FILE, it leaves the last good resources served.
+
+Clients must present a certificate signed by --client-ca. --cert, --key and
+--client-ca are re-read when they change, so rotated certificates need no
+restart. --insecure serves plaintext to anyone instead, for local experiments
+only.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return serve(cmd.Context(), f, stderr)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.resources, "resources", "", "YAML or JSON file of Envoy resources to serve (required)")
-	fl.StringVar(&f.listen, "listen", ":9000", "address to accept xDS clients on")
+	fl.StringVar(&f.resources, "resources", "", "YAML or JSON file of Envoy resources to serve and follow (required)")
+	fl.StringVar(&f.listen, "listen", ":9000", "host:port to accept xDS clients on (the agents' --xds-server-address)")
 	fl.StringVar(&f.cert, "cert", "", "server certificate (PEM); re-read when it changes")
 	fl.StringVar(&f.key, "key", "", "server private key (PEM); re-read when it changes")
 	fl.StringVar(&f.clientCA, "client-ca", "", "CA certificates (PEM) that client certificates must chain to; re-read when it changes")
@@ -174,30 +182,14 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		}
 	}
 
+	lis, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
 	var opts []controlplane.ParseOption
 	if f.skipValidation {
 		opts = append(opts, controlplane.WithoutValidation())
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	srv := controlplane.NewServer(controlplane.Options{TLS: tlsConf, Logger: log})
-	defer srv.Stop()
-	if err := srv.ServeFile(ctx, f.resources, opts...); err != nil {
-		return err
-	}
-	lis, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return err
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	select {
-	case <-ctx.Done():
-		srv.Stop()
-		<-served
-		log.Info("Stopped")
-		return nil
-	case err := <-served:
-		return err
-	}
+	return srv.Run(ctx, lis, f.resources, opts...)
 }

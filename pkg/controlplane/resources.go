@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	yaml "go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -179,7 +178,7 @@ func (p *parser) document(where string, n *yaml.Node) error {
 				return fmt.Errorf("%s (line %d): unexpected key %q beside \"resource\"", where, kv.keyNode.Line, kv.key)
 			}
 		}
-		return p.resource(where, resolveAlias(inner))
+		return p.resource(where, inner)
 	}
 	if list, ok := lookup(pairs, "resources"); ok {
 		for _, kv := range pairs {
@@ -189,7 +188,6 @@ func (p *parser) document(where string, n *yaml.Node) error {
 				return fmt.Errorf("%s (line %d): unexpected key %q beside \"resources\"", where, kv.keyNode.Line, kv.key)
 			}
 		}
-		list = resolveAlias(list)
 		if list.Kind != yaml.SequenceNode {
 			return fmt.Errorf("%s (line %d): \"resources\" must be a list", where, list.Line)
 		}
@@ -285,7 +283,7 @@ func kindOf(md protoreflect.MessageDescriptor) string {
 	return b.String()
 }
 
-func nameField(msg types.Resource) string {
+func nameField(msg proto.Message) string {
 	if _, ok := msg.(interface{ GetClusterName() string }); ok {
 		return "cluster_name"
 	}

@@ -5,6 +5,7 @@ package controlplane
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -22,7 +23,6 @@ import (
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -78,9 +78,6 @@ func NewServer(opts Options) *Server {
 	// for different contents, hence a per-process version prefix.
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	caches := newTypeCaches(prefix, logger)
-	for _, typeURL := range []string{resource.ClusterType, resource.EndpointType} {
-		caches.get(typeURL)
-	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cb := newCallbacks(logger)
@@ -117,6 +114,31 @@ func (s *Server) Serve(lis net.Listener) error {
 	return s.grpc.Serve(lis)
 }
 
+// Run serves the resources of path to the clients of lis until ctx is done,
+// following the file's edits (see ServeFile). A file that is invalid at the
+// start fails Run at once. Run stops the server and closes lis before it
+// returns; it returns nil when ctx ended it.
+func (s *Server) Run(ctx context.Context, lis net.Listener, path string, opts ...ParseOption) error {
+	defer s.Stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := s.ServeFile(ctx, path, opts...); err != nil {
+		lis.Close()
+		return err
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(lis) }()
+	select {
+	case <-ctx.Done():
+		s.Stop()
+		<-served
+		s.log.Info("Stopped")
+		return nil
+	case err := <-served:
+		return err
+	}
+}
+
 // Stop closes the listeners and all streams. Clients reconnect elsewhere or
 // later and keep what they have meanwhile.
 func (s *Server) Stop() {
@@ -135,13 +157,29 @@ func (s *Server) Resources() Resources {
 // current set (by proto.Equal) is updated or deleted, so unchanged resources
 // keep their versions and are not sent again. Set takes ownership of the
 // messages in res.
+//
+// A type that is not a registered message type fails Set before anything
+// changes. An error from a cache (a resource that cannot be marshalled for a
+// client) leaves res served nonetheless, so that the next Set starts from
+// what the caches hold.
 func (s *Server) Set(res Resources) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
+	typeURLs := slices.Sorted(maps.Keys(unionKeys(s.current, res)))
+	caches := make(map[string]*cache.LinearCache, len(typeURLs))
+	for _, typeURL := range typeURLs {
+		c, err := s.caches.get(typeURL)
+		if err != nil {
+			return err
+		}
+		caches[typeURL] = c
+	}
+
 	next := make(Resources, len(res))
 	var updated, deleted int
-	for _, typeURL := range slices.Sorted(maps.Keys(unionKeys(s.current, res))) {
+	var errs []error
+	for _, typeURL := range typeURLs {
 		old, cur := s.current[typeURL], res[typeURL]
 		toUpdate := map[string]types.Resource{}
 		var toDelete []string
@@ -161,21 +199,17 @@ func (s *Server) Set(res Resources) error {
 		if len(toUpdate) == 0 && len(toDelete) == 0 {
 			continue
 		}
-		c, err := s.caches.getOrCreate(typeURL)
-		if err != nil {
-			return err
-		}
-		if err := c.UpdateResources(toUpdate, toDelete); err != nil {
+		if err := caches[typeURL].UpdateResources(toUpdate, toDelete); err != nil {
 			// The cache holds the new state; only notifying some watches
-			// failed (a resource that cannot be marshalled).
-			return fmt.Errorf("updating %s: %w", typeURL, err)
+			// failed.
+			errs = append(errs, fmt.Errorf("updating %s: %w", typeURL, err))
 		}
 		updated += len(toUpdate)
 		deleted += len(toDelete)
 	}
 	s.current = next
 	s.log.Info("Resources applied", "total", next.Len(), "updated", updated, "deleted", deleted)
-	return nil
+	return errors.Join(errs...)
 }
 
 func unionKeys(a, b Resources) map[string]struct{} {
@@ -206,34 +240,25 @@ func newTypeCaches(prefix string, logger *slog.Logger) *typeCaches {
 	return &typeCaches{prefix: prefix, log: &cacheLogger{logger}, byType: map[string]*cache.LinearCache{}}
 }
 
-func (t *typeCaches) get(typeURL string) *cache.LinearCache {
+// get returns the cache of typeURL, made on first use. Caches are made only
+// for registered message types, so that clients cannot grow the server by
+// asking for made-up type URLs.
+func (t *typeCaches) get(typeURL string) (*cache.LinearCache, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c, ok := t.byType[typeURL]
-	if !ok {
-		c = cache.NewLinearCache(typeURL, cache.WithVersionPrefix(t.prefix), cache.WithLogger(t.log))
-		t.byType[typeURL] = c
-	}
-	return c
-}
-
-// getOrCreate makes caches only for registered message types, so that
-// clients cannot grow the server by asking for made-up type URLs.
-func (t *typeCaches) getOrCreate(typeURL string) (*cache.LinearCache, error) {
-	t.mu.Lock()
-	c, ok := t.byType[typeURL]
-	t.mu.Unlock()
-	if ok {
+	if c, ok := t.byType[typeURL]; ok {
 		return c, nil
 	}
 	if _, err := protoregistry.GlobalTypes.FindMessageByURL(typeURL); err != nil {
 		return nil, fmt.Errorf("type %q is not served", typeURL)
 	}
-	return t.get(typeURL), nil
+	c := cache.NewLinearCache(typeURL, cache.WithVersionPrefix(t.prefix), cache.WithLogger(t.log))
+	t.byType[typeURL] = c
+	return c, nil
 }
 
 func (t *typeCaches) CreateWatch(req *cache.Request, sub cache.Subscription, ch chan cache.Response) (func(), error) {
-	c, err := t.getOrCreate(req.GetTypeUrl())
+	c, err := t.get(req.GetTypeUrl())
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +266,7 @@ func (t *typeCaches) CreateWatch(req *cache.Request, sub cache.Subscription, ch 
 }
 
 func (t *typeCaches) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, ch chan cache.DeltaResponse) (func(), error) {
-	c, err := t.getOrCreate(req.GetTypeUrl())
+	c, err := t.get(req.GetTypeUrl())
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +274,7 @@ func (t *typeCaches) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscri
 }
 
 func (t *typeCaches) Fetch(ctx context.Context, req *cache.Request) (cache.Response, error) {
-	c, err := t.getOrCreate(req.GetTypeUrl())
+	c, err := t.get(req.GetTypeUrl())
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"log/slog"
 	"maps"
 	"net"
@@ -249,6 +250,18 @@ func (c *sotwClient) recv() (*discovery.DiscoveryResponse, map[string]proto.Mess
 	return resp, decodeAll(c.t, resp.GetResources())
 }
 
+// recvTypes receives (and ACKs) until it has a response of n types, and
+// returns the last response's resources of each.
+func (c *sotwClient) recvTypes(n int) Resources {
+	c.t.Helper()
+	got := Resources{}
+	for len(got) < n {
+		resp, msgs := c.recv()
+		got[resp.GetTypeUrl()] = msgs
+	}
+	return got
+}
+
 func checkServed(t *testing.T, got, want Resources) {
 	t.Helper()
 	for typeURL, byName := range want {
@@ -271,12 +284,7 @@ func TestServerSotW(t *testing.T) {
 	}
 
 	c := env.sotw(t, map[string][]string{resource.ClusterType: nil, resource.EndpointType: {"my-database-service"}})
-	got := Resources{}
-	for len(got) < 2 {
-		resp, msgs := c.recv()
-		got[resp.GetTypeUrl()] = msgs
-	}
-	checkServed(t, got, cfp)
+	checkServed(t, c.recvTypes(2), cfp)
 
 	// Only the CLA changes: an EDS response comes, and no CDS one, since
 	// the unchanged cluster keeps its version.
@@ -499,5 +507,138 @@ func TestServerServesTypesAddedLater(t *testing.T) {
 		if len(msgs) > 1 {
 			t.Fatalf("got %v", msgs)
 		}
+	}
+}
+
+// A resource that cannot be marshalled fails Set, but the served set is what
+// the caches hold: removing the resource again removes it from the cache, and
+// later updates reach clients.
+func TestServerSetAfterACacheError(t *testing.T) {
+	env := startServer(t)
+	cfp := cfpResources(t)
+	if err := env.srv.Set(cfp); err != nil {
+		t.Fatal(err)
+	}
+	c := env.delta(t, map[string][]string{resource.ClusterType: {"*"}})
+	if resp := c.recv(); len(resp.GetResources()) != 1 {
+		t.Fatalf("first response: %v", resp)
+	}
+	clusters, err := env.srv.caches.get(resource.ClusterType)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the ACK to open a new watch", func() bool { return clusters.NumWildcardWatches() == 1 })
+
+	bad := cloneResources(cfp)
+	// Invalid UTF-8 in a string field: proto.Marshal refuses it.
+	if err := bad.Add(&clusterv3.Cluster{Name: "bad", AltStatName: "\xff"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.srv.Set(bad); err == nil || !strings.Contains(err.Error(), resource.ClusterType) {
+		t.Fatalf("Set with an unmarshallable cluster: %v", err)
+	}
+
+	if err := env.srv.Set(cfp); err != nil {
+		t.Fatalf("Set without it: %v", err)
+	}
+	next := cloneResources(cfp)
+	if err := next.Add(&clusterv3.Cluster{Name: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.srv.Set(next); err != nil {
+		t.Fatalf("Set with a new cluster: %v", err)
+	}
+	resp := c.recv()
+	if v := versions(resp); len(v) != 1 || v["web"] == "" {
+		t.Fatalf("got %v, want the new cluster web", resp)
+	}
+}
+
+// Run serves the file until its context ends, and closes the listener
+// whether it served or refused an invalid file.
+func TestRun(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	writeFile(t, good, readTestdata(t, "cfp.yaml"))
+	bad := filepath.Join(dir, "bad.yaml")
+	writeFile(t, bad, "resource: {name: db}\n")
+
+	t.Run("invalid file", func(t *testing.T) {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = NewServer(Options{}).Run(context.Background(), lis, bad)
+		if want := bad + `: document 1 (line 1): resource has no "@type"`; err == nil || err.Error() != want {
+			t.Fatalf("Run error:\n got %v\nwant %s", err, want)
+		}
+		if !listenerClosed(lis) {
+			t.Fatal("listener still open")
+		}
+	})
+
+	t.Run("serves until cancelled", func(t *testing.T) {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- NewServer(Options{}).Run(ctx, lis, good) }()
+
+		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(testContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&discovery.DiscoveryRequest{Node: testNode, TypeUrl: resource.ClusterType}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil || len(resp.GetResources()) != 1 {
+			t.Fatalf("response %v, error %v", resp, err)
+		}
+
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		case <-time.After(testTimeout):
+			t.Fatal("Run did not return after cancel")
+		}
+		if !listenerClosed(lis) {
+			t.Fatal("listener still open")
+		}
+	})
+}
+
+func listenerClosed(lis net.Listener) bool {
+	lis.(*net.TCPListener).SetDeadline(time.Now()) // Accept must not block if it is open
+	_, err := lis.Accept()
+	return errors.Is(err, net.ErrClosed)
+}
+
+// A restarted server serves the same resources under another version, so
+// that no client mistakes its state for the one it holds.
+func TestServerVersionsDifferAfterRestart(t *testing.T) {
+	var versions []string
+	for range 2 {
+		env := startServer(t)
+		if err := env.srv.Set(cfpResources(t)); err != nil {
+			t.Fatal(err)
+		}
+		resp, _ := env.sotw(t, map[string][]string{resource.ClusterType: nil}).recv()
+		versions = append(versions, resp.GetVersionInfo())
+		env.srv.Stop()
+	}
+	if versions[0] == "" || versions[0] == versions[1] {
+		t.Fatalf("versions of two servers: %q", versions)
 	}
 }

@@ -14,38 +14,73 @@ import (
 )
 
 // watchDebounce lets an editor or a ConfigMap update finish its writes and
-// renames before the file is read.
-const watchDebounce = 100 * time.Millisecond
+// renames before the file is read. watchMaxDelay bounds the wait, so that a
+// directory that never quiets down (other programs' files beside ours)
+// cannot hold an edit back.
+const (
+	watchDebounce = 100 * time.Millisecond
+	watchMaxDelay = time.Second
+)
 
 // WatchFile calls fn with the parsed contents of path, first right away,
 // then every time they change, until ctx is done. It returns early only when
 // the watch cannot be set up.
 //
 // It watches the file's directory rather than the file, so that an editor's
-// rename-over-the-original and a Kubernetes ConfigMap's symlink swap are seen
-// like a plain write. A file that cannot be read or parsed is reported to fn
-// with a nil Resources; a later good edit is reported as usual.
+// rename-over-the-original, a file deleted and created again, and a
+// Kubernetes ConfigMap's symlink swap are seen like a plain write. When path
+// is a symlink into another directory, that directory is watched too.
+// A file that cannot be read or parsed is reported to fn, once, with a nil
+// Resources; a later good edit is reported as usual.
 func WatchFile(ctx context.Context, path string, fn func(Resources, error), opts ...ParseOption) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watching %s: %w", path, err)
 	}
 	defer w.Close()
-	if err := w.Add(filepath.Dir(path)); err != nil {
+	dir := filepath.Dir(path)
+	if err := w.Add(dir); err != nil {
 		return fmt.Errorf("watching %s: %w", path, err)
 	}
+	// The directory as the kernel knows it, to not watch it twice.
+	dir = realDir(dir)
 
 	// Compare contents, not events: a directory sees many unrelated events,
 	// and touching the file must not re-apply it.
-	var last []byte
-	read := func(initial bool) {
+	var (
+		last      []byte // contents last reported
+		lastErr   string // read error last reported
+		targetDir string // directory of the symlink's target, when watched
+	)
+	read := func() {
+		// Edits of a symlink's target happen in the target's directory.
+		// Best effort: the directory of path alone still sees swaps.
+		if target, err := filepath.EvalSymlinks(path); err == nil {
+			want := realDir(filepath.Dir(target))
+			if want == dir {
+				want = ""
+			}
+			if want != targetDir {
+				if targetDir != "" {
+					_ = w.Remove(targetDir)
+				}
+				targetDir = ""
+				if want != "" && w.Add(want) == nil {
+					targetDir = want
+				}
+			}
+		}
 		data, err := os.ReadFile(path)
 		if err != nil {
 			last = nil
-			fn(nil, err)
+			if err.Error() != lastErr {
+				lastErr = err.Error()
+				fn(nil, err)
+			}
 			return
 		}
-		if !initial && last != nil && bytes.Equal(data, last) {
+		lastErr = ""
+		if last != nil && bytes.Equal(data, last) {
 			return
 		}
 		last = data
@@ -55,10 +90,11 @@ func WatchFile(ctx context.Context, path string, fn func(Resources, error), opts
 		}
 		fn(res, err)
 	}
-	read(true)
+	read()
 
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	var deadline time.Time // of the pending read; zero when none is
 	for {
 		select {
 		case <-ctx.Done():
@@ -67,14 +103,19 @@ func WatchFile(ctx context.Context, path string, fn func(Resources, error), opts
 			if !ok {
 				return nil
 			}
-			timer.Reset(watchDebounce)
+			now := time.Now()
+			if deadline.IsZero() {
+				deadline = now.Add(watchMaxDelay)
+			}
+			timer.Reset(min(watchDebounce, deadline.Sub(now)))
 		case err, ok := <-w.Errors:
 			if !ok {
 				return nil
 			}
 			fn(nil, fmt.Errorf("watching %s: %w", path, err))
 		case <-timer.C:
-			read(false)
+			deadline = time.Time{}
+			read()
 		}
 	}
 }
@@ -114,4 +155,15 @@ func (s *Server) ServeFile(ctx context.Context, path string, opts ...ParseOption
 		cancel()
 	}()
 	return <-started
+}
+
+// realDir is dir with symlinks resolved, absolute; dir itself if that fails.
+func realDir(dir string) string {
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	return dir
 }

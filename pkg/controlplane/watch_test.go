@@ -4,8 +4,11 @@ package controlplane
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,12 +66,7 @@ func TestServeFileFollowsEdits(t *testing.T) {
 	}
 
 	c := env.sotw(t, map[string][]string{resource.ClusterType: nil, resource.EndpointType: {"my-database-service"}})
-	got := Resources{}
-	for len(got) < 2 {
-		resp, msgs := c.recv()
-		got[resp.GetTypeUrl()] = msgs
-	}
-	checkServed(t, got, cfpResources(t))
+	checkServed(t, c.recvTypes(2), cfpResources(t))
 
 	// In-place write: a third backend.
 	writeFile(t, path, cfp+`    - endpoint:
@@ -81,7 +79,7 @@ func TestServeFileFollowsEdits(t *testing.T) {
 	}
 
 	// Rename over the file: another VIP.
-	replaceFile(t, path, strings.Replace(cfp, `vip: "10.1.2.3"`, `vip: "10.1.2.4"`, 1))
+	replaceFile(t, path, withVIPText(cfp, "10.1.2.4"))
 	for {
 		// The CLA goes back to 2 endpoints too; wait for the cluster.
 		resp, msgs = c.recv()
@@ -106,7 +104,7 @@ func TestServeFileFollowsEdits(t *testing.T) {
 	}
 
 	// The next good edit is applied again.
-	replaceFile(t, path, strings.Replace(cfp, `vip: "10.1.2.3"`, `vip: "10.1.2.5"`, 1))
+	replaceFile(t, path, withVIPText(cfp, "10.1.2.5"))
 	for {
 		resp, msgs = c.recv()
 		if resp.GetTypeUrl() == resource.ClusterType {
@@ -167,36 +165,9 @@ func TestWatchFileSeesConfigMapUpdates(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	type result struct {
-		res Resources
-		err error
-	}
-	results := make(chan result, 16)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- WatchFile(ctx, path, func(res Resources, err error) { results <- result{res, err} })
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("WatchFile: %v", err)
-		}
-	}()
-	next := func() result {
-		t.Helper()
-		select {
-		case r := <-results:
-			return r
-		case <-time.After(testTimeout):
-			t.Fatal("no callback")
-			return result{}
-		}
-	}
+	next := watch(t, path)
 
-	if r := next(); r.err != nil || r.res.Len() != 2 {
-		t.Fatalf("initial contents: %v %v", r.res, r.err)
-	}
+	wantVIP(t, "initial contents", next(), "10.1.2.3")
 
 	swap := func(version, text string) {
 		mkVersion(version, text)
@@ -208,16 +179,138 @@ func TestWatchFileSeesConfigMapUpdates(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	swap("..v2", strings.Replace(cfp, `vip: "10.1.2.3"`, `vip: "10.1.2.9"`, 1))
-	r := next()
-	if r.err != nil || vipOf(r.res[resource.ClusterType]["my-database-service"]) != "10.1.2.9" {
-		t.Fatalf("after the swap: %v %v", r.res, r.err)
-	}
+	swap("..v2", withVIPText(cfp, "10.1.2.9"))
+	wantVIP(t, "after the swap", next(), "10.1.2.9")
 
 	// A bad version is reported, naming the file and document.
 	swap("..v3", cfp+"---\nresource: {'@type': type.googleapis.com/envoy.config.cluster.v3.Cluster}\n")
-	r = next()
-	if r.err == nil || !strings.Contains(r.err.Error(), path+": document 3 (cluster): ") {
+	if r := next(); r.err == nil || !strings.Contains(r.err.Error(), path+": document 3 (cluster): ") {
 		t.Fatalf("after a bad swap: %v %v", r.res, r.err)
+	}
+}
+
+type watchResult struct {
+	res Resources
+	err error
+}
+
+// watch runs WatchFile on path until the test ends; next returns its next
+// callback.
+func watch(t *testing.T, path string) (next func() watchResult) {
+	t.Helper()
+	results := make(chan watchResult, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- WatchFile(ctx, path, func(res Resources, err error) { results <- watchResult{res, err} })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("WatchFile: %v", err)
+		}
+	})
+	return func() watchResult {
+		t.Helper()
+		select {
+		case r := <-results:
+			return r
+		case <-time.After(testTimeout):
+			t.Fatal("no callback")
+			return watchResult{}
+		}
+	}
+}
+
+// A symlink to a file elsewhere, whose target is edited in place: the
+// events are in the target's directory.
+func TestWatchFileFollowsASymlinkIntoAnotherDirectory(t *testing.T) {
+	linkDir, targetDir := t.TempDir(), t.TempDir()
+	target := filepath.Join(targetDir, "cfp.yaml")
+	cfp := readTestdata(t, "cfp.yaml")
+	writeFile(t, target, cfp)
+	path := filepath.Join(linkDir, "resources.yaml")
+	if err := os.Symlink(target, path); err != nil {
+		t.Fatal(err)
+	}
+	next := watch(t, path)
+	wantVIP(t, "initial contents", next(), "10.1.2.3")
+
+	writeFile(t, target, withVIPText(cfp, "10.1.2.7"))
+	wantVIP(t, "after editing the target", next(), "10.1.2.7")
+	replaceFile(t, target, withVIPText(cfp, "10.1.2.8"))
+	wantVIP(t, "after replacing the target", next(), "10.1.2.8")
+}
+
+// Other programs writing beside the file without pause do not hold its
+// edits back.
+func TestWatchFileInABusyDirectory(t *testing.T) {
+	path, next := watchCFP(t)
+	dir := filepath.Dir(path)
+
+	stop := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		noise := filepath.Join(dir, "noise.log")
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+				os.WriteFile(noise, []byte(strconv.Itoa(i)), 0o644)
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-stopped
+	}()
+
+	writeFile(t, path, withVIPText(readTestdata(t, "cfp.yaml"), "10.1.2.6"))
+	wantVIP(t, "after the edit", next(), "10.1.2.6")
+}
+
+// A deleted file is reported once, however busy its directory, and its
+// contents are reported again when it comes back, even unchanged.
+func TestWatchFileDeletedAndCreatedAgain(t *testing.T) {
+	path, next := watchCFP(t)
+	dir := filepath.Dir(path)
+
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if r := next(); !errors.Is(r.err, fs.ErrNotExist) || r.res != nil {
+		t.Fatalf("after the removal: %v %v", r.res, r.err)
+	}
+	// Unrelated changes while the file is missing, each seen on its own.
+	for i := range 3 {
+		writeFile(t, filepath.Join(dir, "other.yaml"), strconv.Itoa(i))
+		time.Sleep(2 * watchDebounce)
+	}
+	writeFile(t, path, readTestdata(t, "cfp.yaml"))
+	wantVIP(t, "after creating the file again", next(), "10.1.2.3")
+}
+
+// watchCFP writes the CFP example to a new directory and watches it.
+func watchCFP(t *testing.T) (path string, next func() watchResult) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "resources.yaml")
+	writeFile(t, path, readTestdata(t, "cfp.yaml"))
+	next = watch(t, path)
+	wantVIP(t, "initial contents", next(), "10.1.2.3")
+	return path, next
+}
+
+// withVIPText is the CFP example with another VIP.
+func withVIPText(cfp, vip string) string {
+	return strings.Replace(cfp, `vip: "10.1.2.3"`, `vip: "`+vip+`"`, 1)
+}
+
+// wantVIP checks that r is the CFP example with the given VIP.
+func wantVIP(t *testing.T, what string, r watchResult, vip string) {
+	t.Helper()
+	if r.err != nil || r.res.Len() != 2 || vipOf(r.res[resource.ClusterType]["my-database-service"]) != vip {
+		t.Fatalf("%s: %v %v, want the CFP example with VIP %s", what, r.res, r.err, vip)
 	}
 }

@@ -32,8 +32,9 @@ const (
 
 // Options of Write.
 type Options struct {
-	// ServerName is put in the server certificate's DNS names; "localhost",
-	// 127.0.0.1 and ::1 are always there too.
+	// ServerName is put in the server certificate's DNS names, or its IP
+	// addresses when it is one; "localhost", 127.0.0.1 and ::1 are always
+	// there too.
 	ServerName string
 	// ClientName is the client certificate's common name.
 	ClientName string
@@ -80,7 +81,12 @@ func Write(dir string, opts Options) error {
 	}
 
 	dnsNames := []string{"localhost"}
-	if opts.ServerName != "" && opts.ServerName != "localhost" {
+	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	// Clients check an address they dial against the IP addresses of the
+	// certificate, never against its DNS names.
+	if ip := net.ParseIP(opts.ServerName); ip != nil {
+		ips = append(ips, ip)
+	} else if opts.ServerName != "" && opts.ServerName != "localhost" {
 		dnsNames = append(dnsNames, opts.ServerName)
 	}
 	leaves := []struct {
@@ -90,7 +96,7 @@ func Write(dir string, opts Options) error {
 		{ServerCert, ServerKey, x509.Certificate{
 			Subject:     pkix.Name{CommonName: dnsNames[len(dnsNames)-1]},
 			DNSNames:    dnsNames,
-			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+			IPAddresses: ips,
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		}},
 		{ClientCert, ClientKey, x509.Certificate{
