@@ -254,28 +254,12 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 	rejected := map[string]error{}
 	txn := c.writer.WriteTxn()
 	for _, r := range u.Upserted {
-		cla, ok := r.Message.(*endpointv3.ClusterLoadAssignment)
-		if !ok {
-			rejected[r.Name] = fmt.Errorf("cluster_load_assignment %q: message is a %T, not a ClusterLoadAssignment", r.Name, r.Message)
-			continue
-		}
-		if cla.GetClusterName() != r.Name {
-			rejected[r.Name] = &Error{Kind: "cluster_load_assignment", Name: r.Name, Field: "cluster_name", Err: fmt.Errorf("%q differs from the resource name", cla.GetClusterName())}
-			continue
-		}
-		bes, err := TranslateEndpoints(cla)
-		if err != nil {
-			// The server has answered, if badly: a broken CLA must not
-			// hold back the initialization of every other service.
-			c.sawEndpoints(r.Name)
-			rejected[r.Name] = err
-			continue
-		}
-		c.clas[r.Name] = bes
-		if err := c.setBackends(txn, r.Name, bes); err != nil {
-			rejected[r.Name] = err
-		}
+		// The server has answered, if badly: a broken CLA must not hold
+		// back the initialization of every other service.
 		c.sawEndpoints(r.Name)
+		if err := c.upsertEndpoints(txn, r); err != nil {
+			rejected[r.Name] = err
+		}
 	}
 	for _, name := range u.Removed {
 		delete(c.clas, name)
@@ -287,6 +271,22 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 	c.maybeInitialized(txn)
 	txn.Commit()
 	return rejected
+}
+
+func (c *Controller) upsertEndpoints(txn loadbalancer.WriteTxn, r xds.Resource) error {
+	cla, ok := r.Message.(*endpointv3.ClusterLoadAssignment)
+	if !ok {
+		return fmt.Errorf("cluster_load_assignment %q: message is a %T, not a ClusterLoadAssignment", r.Name, r.Message)
+	}
+	if cla.GetClusterName() != r.Name {
+		return &Error{Kind: "cluster_load_assignment", Name: r.Name, Field: "cluster_name", Err: fmt.Errorf("%q differs from the resource name", cla.GetClusterName())}
+	}
+	bes, err := TranslateEndpoints(cla)
+	if err != nil {
+		return err
+	}
+	c.clas[r.Name] = bes
+	return c.setBackends(txn, r.Name, bes)
 }
 
 // setBackends gives bes to every cluster of the EDS name.

@@ -575,6 +575,19 @@ func TestControllerInitialization(t *testing.T) {
 		}
 	})
 
+	t.Run("a CLA rejected for its cluster_name is an answer", func(t *testing.T) {
+		f := newFixture(t)
+		noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.1, port: 80}`, "")))
+		rej := f.ctrl.HandleEndpoints(context.Background(), xds.Update{
+			TypeURL:  xds.EndpointType,
+			Upserted: []xds.Resource{{Name: "a", Message: claYAML(t, claOf("b", ep("10.0.0.1", 80, "")))}},
+		})
+		rejectedWith(t, rej, map[string]string{"a": `cluster_load_assignment "a": cluster_name: "b" differs from the resource name`})
+		if !f.initialized() {
+			t.Fatal("not initialized after the only requested CLA was answered")
+		}
+	})
+
 	t.Run("a name dropped before it arrived", func(t *testing.T) {
 		f := newFixture(t)
 		noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.1, port: 80}`, "")))

@@ -410,44 +410,58 @@ func TranslateEndpoints(cla *endpointv3.ClusterLoadAssignment) ([]loadbalancer.B
 	return bes, nil
 }
 
+// translateCLA translates the endpoints of cla; prefix is the path of cla
+// in its resource ("" or "load_assignment."). Paths are formatted only for
+// an error: a CLA may hold thousands of endpoints.
 func translateCLA(cla *endpointv3.ClusterLoadAssignment, prefix string) ([]loadbalancer.BackendParams, *fieldError) {
-	var bes []loadbalancer.BackendParams
-	seen := make(map[loadbalancer.L3n4Addr]string)
-	for i, lle := range cla.GetEndpoints() {
-		lpath := fmt.Sprintf("%sendpoints[%d]", prefix, i)
+	lles := cla.GetEndpoints()
+	total := 0
+	for _, lle := range lles {
+		total += len(lle.GetLbEndpoints())
+	}
+	bes := make([]loadbalancer.BackendParams, 0, total)
+	// seen is the (locality, endpoint) index of each address.
+	seen := make(map[loadbalancer.L3n4Addr][2]int, total)
+	for i, lle := range lles {
 		switch lle.GetLbConfig().(type) {
 		case *endpointv3.LocalityLbEndpoints_LoadBalancerEndpoints:
-			return nil, fieldErrorf(lpath+".load_balancer_endpoints", "is not supported (use lb_endpoints)")
+			return nil, fieldErrorf(fmt.Sprintf("%sendpoints[%d].load_balancer_endpoints", prefix, i), "is not supported (use lb_endpoints)")
 		case *endpointv3.LocalityLbEndpoints_LedsClusterLocalityConfig:
-			return nil, fieldErrorf(lpath+".leds_cluster_locality_config", "LEDS is not supported (use lb_endpoints)")
+			return nil, fieldErrorf(fmt.Sprintf("%sendpoints[%d].leds_cluster_locality_config", prefix, i), "LEDS is not supported (use lb_endpoints)")
 		}
 		for j, lbe := range lle.GetLbEndpoints() {
-			epath := fmt.Sprintf("%s.lb_endpoints[%d]", lpath, j)
-			be, fe := translateLbEndpoint(lbe, epath)
+			be, fe := translateLbEndpoint(lbe)
 			if fe != nil {
+				fe.path = endpointPath(prefix, i, j) + fe.path
 				return nil, fe
 			}
 			be.Priority = lle.GetPriority()
 			be.Zone = lle.GetLocality().GetZone()
 			if other, dup := seen[be.Address]; dup {
-				return nil, fieldErrorf(epath+".endpoint.address.socket_address", "%s duplicates %s", be.Address, other)
+				return nil, fieldErrorf(endpointPath(prefix, i, j)+".endpoint.address.socket_address", "%s duplicates %s",
+					be.Address, endpointPath("", other[0], other[1]))
 			}
-			seen[be.Address] = strings.TrimPrefix(epath, prefix)
+			seen[be.Address] = [2]int{i, j}
 			bes = append(bes, be)
 		}
 	}
 	return bes, nil
 }
 
-func translateLbEndpoint(lbe *endpointv3.LbEndpoint, path string) (loadbalancer.BackendParams, *fieldError) {
+func endpointPath(prefix string, locality, endpoint int) string {
+	return fmt.Sprintf("%sendpoints[%d].lb_endpoints[%d]", prefix, locality, endpoint)
+}
+
+// translateLbEndpoint translates one endpoint; the paths of its errors are
+// relative to the endpoint (".endpoint.address...").
+func translateLbEndpoint(lbe *endpointv3.LbEndpoint) (loadbalancer.BackendParams, *fieldError) {
 	var zero loadbalancer.BackendParams
 	if _, named := lbe.GetHostIdentifier().(*endpointv3.LbEndpoint_EndpointName); named {
-		return zero, fieldErrorf(path+".endpoint_name", "named endpoints are not supported (use endpoint)")
+		return zero, fieldErrorf(".endpoint_name", "named endpoints are not supported (use endpoint)")
 	}
-	addr := lbe.GetEndpoint().GetAddress()
-	apath := path + ".endpoint.address"
+	const apath = ".endpoint.address"
 	var sa *corev3.SocketAddress
-	switch a := addr.GetAddress().(type) {
+	switch a := lbe.GetEndpoint().GetAddress().GetAddress().(type) {
 	case *corev3.Address_SocketAddress:
 		sa = a.SocketAddress
 	case *corev3.Address_Pipe:
@@ -455,10 +469,10 @@ func translateLbEndpoint(lbe *endpointv3.LbEndpoint, path string) (loadbalancer.
 	case *corev3.Address_EnvoyInternalAddress:
 		return zero, fieldErrorf(apath+".envoy_internal_address", "internal addresses are not supported (use socket_address)")
 	}
+	const sapath = apath + ".socket_address"
 	if sa == nil {
-		return zero, fieldErrorf(apath+".socket_address", "required")
+		return zero, fieldErrorf(sapath, "required")
 	}
-	sapath := apath + ".socket_address"
 	ip, fe := parseIP(sa.GetAddress(), sapath+".address")
 	if fe != nil {
 		return zero, fe
@@ -474,13 +488,13 @@ func translateLbEndpoint(lbe *endpointv3.LbEndpoint, path string) (loadbalancer.
 	if w := lbe.GetLoadBalancingWeight(); w != nil {
 		weight = w.GetValue()
 		if weight < 1 || weight > 65535 {
-			return zero, fieldErrorf(path+".load_balancing_weight", "%d is out of range 1..65535", weight)
+			return zero, fieldErrorf(".load_balancing_weight", "%d is out of range 1..65535", weight)
 		}
 	}
 
 	state, err := backendState(lbe.GetHealthStatus())
 	if err != nil {
-		return zero, &fieldError{path: path + ".health_status", err: err}
+		return zero, &fieldError{path: ".health_status", err: err}
 	}
 
 	return loadbalancer.BackendParams{

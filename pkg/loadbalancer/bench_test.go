@@ -41,6 +41,10 @@ func benchBackendParams(i, n int, port uint16) []BackendParams {
 	return bes
 }
 
+func setBenchBackends(txn WriteTxn, w *Writer, i int) error {
+	return w.SetBackends(txn, ServiceName("svc-"+strconv.Itoa(i)), SourceXDS, benchBackendParams(i, benchBackends, 8080)...)
+}
+
 func reportPerService(b *testing.B, heapBefore uint64, w *Writer) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "services/s")
@@ -49,31 +53,34 @@ func reportPerService(b *testing.B, heapBefore uint64, w *Writer) {
 	runtime.KeepAlive(w)
 }
 
-// BenchmarkWriter_UpsertServiceAndFrontends upserts b.N new services with
-// one frontend each, whose backends were set before.
-func BenchmarkWriter_UpsertServiceAndFrontends(b *testing.B) {
-	w := newTestWriter(b)
-	txn := w.WriteTxn()
-	for i := range benchBatch {
-		if err := w.SetBackends(txn, ServiceName("svc-"+strconv.Itoa(i)), SourceXDS, benchBackendParams(i, benchBackends, 8080)...); err != nil {
-			b.Fatal(err)
-		}
-	}
-	txn.Commit()
-
-	before := heapInUse()
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i += benchBatch {
+// inBatches calls write for 0..n-1, benchBatch calls per transaction.
+func inBatches(b *testing.B, w *Writer, n int, write func(txn WriteTxn, i int) error) {
+	for i := 0; i < n; i += benchBatch {
 		txn := w.WriteTxn()
-		for j := i; j < min(i+benchBatch, b.N); j++ {
-			svc, fe := benchService(j)
-			if err := w.UpsertServiceAndFrontends(txn, svc, fe); err != nil {
+		for j := i; j < min(i+benchBatch, n); j++ {
+			if err := write(txn, j); err != nil {
 				b.Fatal(err)
 			}
 		}
 		txn.Commit()
 	}
+}
+
+func upsertBenchService(txn WriteTxn, w *Writer, i int) error {
+	svc, fe := benchService(i)
+	return w.UpsertServiceAndFrontends(txn, svc, fe)
+}
+
+// BenchmarkWriter_UpsertServiceAndFrontends upserts b.N new services with
+// one frontend each, whose backends were set before.
+func BenchmarkWriter_UpsertServiceAndFrontends(b *testing.B) {
+	w := newTestWriter(b)
+	inBatches(b, w, benchBatch, func(txn WriteTxn, i int) error { return setBenchBackends(txn, w, i) })
+
+	before := heapInUse()
+	b.ReportAllocs()
+	b.ResetTimer()
+	inBatches(b, w, b.N, func(txn WriteTxn, i int) error { return upsertBenchService(txn, w, i) })
 	reportPerService(b, before, w)
 }
 
@@ -81,29 +88,39 @@ func BenchmarkWriter_UpsertServiceAndFrontends(b *testing.B) {
 // existing services, recomputing their frontends.
 func BenchmarkWriter_SetBackends(b *testing.B) {
 	w := newTestWriter(b)
-	for i := 0; i < b.N; i += benchBatch {
-		txn := w.WriteTxn()
-		for j := i; j < min(i+benchBatch, b.N); j++ {
-			svc, fe := benchService(j)
-			if err := w.UpsertServiceAndFrontends(txn, svc, fe); err != nil {
-				b.Fatal(err)
-			}
-		}
-		txn.Commit()
-	}
+	inBatches(b, w, b.N, func(txn WriteTxn, i int) error { return upsertBenchService(txn, w, i) })
 
 	before := heapInUse()
 	b.ReportAllocs()
 	b.ResetTimer()
-	for i := 0; i < b.N; i += benchBatch {
+	inBatches(b, w, b.N, func(txn WriteTxn, i int) error { return setBenchBackends(txn, w, i) })
+	reportPerService(b, before, w)
+}
+
+// BenchmarkWriter_SetBackendsOneChanged sets the 1000 backends of a service
+// with one weight changed each time, as an EDS update for one endpoint does.
+func BenchmarkWriter_SetBackendsOneChanged(b *testing.B) {
+	const n = 1000
+	w := newTestWriter(b)
+	bes := make([]BackendParams, n)
+	for i := range bes {
+		ip := netip.AddrFrom4([4]byte{172, 16, byte(i >> 8), byte(i)})
+		bes[i] = BackendParams{Address: NewL3n4Addr(ip, 8080, ANY), Weight: 1}
+	}
+	inBatches(b, w, 1, func(txn WriteTxn, i int) error {
+		if err := upsertBenchService(txn, w, i); err != nil {
+			return err
+		}
+		return w.SetBackends(txn, "svc-0", SourceXDS, bes...)
+	})
+
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		bes[i%n].Weight++
 		txn := w.WriteTxn()
-		for j := i; j < min(i+benchBatch, b.N); j++ {
-			name := ServiceName("svc-" + strconv.Itoa(j))
-			if err := w.SetBackends(txn, name, SourceXDS, benchBackendParams(j, benchBackends, 8080)...); err != nil {
-				b.Fatal(err)
-			}
+		if err := w.SetBackends(txn, "svc-0", SourceXDS, bes...); err != nil {
+			b.Fatal(err)
 		}
 		txn.Commit()
 	}
-	reportPerService(b, before, w)
 }

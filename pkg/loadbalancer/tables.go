@@ -198,10 +198,10 @@ func (id BackendID) String() string {
 // Key is the service name, a NUL separator (names never contain NUL), the
 // address key and the source: rows sort by service, then address.
 func (id BackendID) Key() index.Key {
-	k := make([]byte, 0, len(id.ServiceName)+1+20+len(id.Source))
+	k := make([]byte, 0, len(id.ServiceName)+1+l3n4AddrKeyLen+len(id.Source))
 	k = append(k, id.ServiceName...)
 	k = append(k, 0)
-	k = append(k, id.Address.Key()...)
+	k = id.Address.appendKey(k)
 	return append(k, id.Source...)
 }
 
@@ -223,7 +223,7 @@ func backendIDFromString(s string) (index.Key, error) {
 		if err != nil {
 			return nil, fmt.Errorf("backend id %q: %w", s, err)
 		}
-		k = append(k, addr.Key()...)
+		k = addr.appendKey(k)
 	}
 	if len(fields) > 2 {
 		k = append(k, fields[2]...)

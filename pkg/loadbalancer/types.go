@@ -103,7 +103,14 @@ func (a *L3n4Addr) UnmarshalText(b []byte) (err error) {
 // Key is the address as an index key: 16 address bytes, port (big endian),
 // protocol. IPv4 addresses sort before IPv6 ones.
 func (a L3n4Addr) Key() []byte {
-	b := make([]byte, 0, 20)
+	return a.appendKey(make([]byte, 0, l3n4AddrKeyLen))
+}
+
+const l3n4AddrKeyLen = 1 + 16 + 2 + 1
+
+// appendKey appends the Key to b, so that keys embedding an address are
+// built in one allocation.
+func (a L3n4Addr) appendKey(b []byte) []byte {
 	ip16 := a.Addr.As16()
 	if a.Addr.Is4() {
 		b = append(b, 4)

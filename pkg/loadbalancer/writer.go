@@ -39,7 +39,7 @@ type Writer struct {
 	// Scratch buffers, reused under the table locks.
 	svcBackends []*Backend
 	portBuf     []Backend
-	feBuf       []*Frontend
+	paramsBuf   []BackendParams
 }
 
 // NewWriter creates the three tables, registers them with db and returns
@@ -143,15 +143,20 @@ func (w *Writer) UpsertServiceAndFrontends(txn WriteTxn, svc *Service, fes ...Fr
 		}
 	}
 
-	if len(fes) == 0 {
-		return nil
-	}
-	svcBackends := w.serviceBackends(txn, svc.Name)
-	var shared []*Backend
+	var svcBackends, shared []*Backend
+	loaded := false
 	for i, params := range fes {
 		params.ServiceName = svc.Name
 		if params.Type == "" {
 			params.Type = SVCTypeLoadBalancer
+		}
+		if old := olds[i]; old != nil && old.FrontendParams == params {
+			// Every backend change refreshes the frontends, so an
+			// unchanged frontend has its backends already.
+			continue
+		}
+		if !loaded {
+			svcBackends, loaded = w.serviceBackends(txn, svc.Name), true
 		}
 		if err := w.writeFrontend(txn, params, olds[i], svcBackends, &shared); err != nil {
 			return err
@@ -208,71 +213,65 @@ func (w *Writer) SetBackends(txn WriteTxn, name ServiceName, source Source, bes 
 	if source == "" {
 		return fmt.Errorf("service %q: backends: source is empty", name)
 	}
-	var seen map[L3n4Addr]struct{}
-	if len(bes) > 16 {
-		seen = make(map[L3n4Addr]struct{}, len(bes))
-	}
-	for i := range bes {
-		be := &bes[i]
-		if err := validateBackend(name, be); err != nil {
+	// A sorted copy of bes, merged with the service's rows (which the index
+	// yields sorted by address), finds duplicates, stale rows and changes
+	// without a map or a lookup per backend.
+	news := append(w.paramsBuf[:0], bes...)
+	w.paramsBuf = news[:0]
+	for i := range news {
+		if err := validateBackend(name, &news[i]); err != nil {
 			return err
 		}
-		addr := backendAddr(be.Address)
-		dup := false
-		if seen != nil {
-			_, dup = seen[addr]
-			seen[addr] = struct{}{}
-		} else {
-			for j := range i {
-				if backendAddr(bes[j].Address) == addr {
-					dup = true
-					break
-				}
-			}
-		}
-		if dup {
-			return fmt.Errorf("service %q: backend %s: listed twice", name, addr)
+		news[i].Address = backendAddr(news[i].Address)
+	}
+	byAddress := func(a, b BackendParams) int { return a.Address.Compare(b.Address) }
+	if !slices.IsSortedFunc(news, byAddress) {
+		slices.SortFunc(news, byAddress)
+	}
+	for i := 1; i < len(news); i++ {
+		if news[i].Address == news[i-1].Address {
+			return fmt.Errorf("service %q: backend %s: listed twice", name, news[i].Address)
 		}
 	}
 
-	changed := false
+	// Delete the rows of source that are not in news, and compact news to
+	// the backends that are new or changed.
+	deleted := false
+	i, n := 0, 0
 	for old := range w.backends.List(txn, BackendByServiceName.Query(name)) {
 		if old.Source != source {
 			continue
 		}
-		var keep bool
-		if seen != nil {
-			_, keep = seen[old.Address]
-		} else {
-			keep = slices.ContainsFunc(bes, func(p BackendParams) bool { return backendAddr(p.Address) == old.Address })
+		for ; i < len(news) && news[i].Address.Compare(old.Address) < 0; i++ {
+			news[n] = news[i]
+			n++
 		}
-		if !keep {
-			if _, _, err := w.backends.Delete(txn, old); err != nil {
-				return err
+		if i < len(news) && news[i].Address == old.Address {
+			if news[i] != old.BackendParams {
+				news[n] = news[i]
+				n++
 			}
-			changed = true
-		}
-	}
-
-	var block []Backend // new rows, allocated together
-	for i, params := range bes {
-		params.Address = backendAddr(params.Address)
-		id := BackendID{ServiceName: name, Address: params.Address, Source: source}
-		old, _, found := w.backends.Get(txn, BackendByID.Query(id))
-		if found && old.BackendParams == params {
+			i++
 			continue
 		}
-		if block == nil {
-			block = make([]Backend, 0, len(bes)-i)
+		if _, _, err := w.backends.Delete(txn, old); err != nil {
+			return fmt.Errorf("service %q: backend %s: %w", name, old.Address, err)
 		}
-		block = append(block, Backend{BackendParams: params, ServiceName: name, Source: source})
-		if _, _, err := w.backends.Insert(txn, &block[len(block)-1]); err != nil {
-			return err
+		deleted = true
+	}
+	n += copy(news[n:], news[i:])
+
+	// The new rows are allocated together, in a block of exactly their
+	// number: a row keeps its whole block alive.
+	block := make([]Backend, n)
+	for j, params := range news[:n] {
+		block[j] = Backend{BackendParams: params, ServiceName: name, Source: source}
+		if _, _, err := w.backends.Insert(txn, &block[j]); err != nil {
+			return fmt.Errorf("service %q: backend %s: %w", name, params.Address, err)
 		}
-		changed = true
 	}
 
-	if changed {
+	if deleted || n > 0 {
 		return w.refreshFrontends(txn, name)
 	}
 	return nil
@@ -302,19 +301,15 @@ func (w *Writer) DeleteBackendsBySource(txn WriteTxn, source Source) error {
 }
 
 // refreshFrontends recomputes the backends of the frontends of a service.
+// (Writing rows while listing them is safe: statedb iterates a frozen
+// snapshot.)
 func (w *Writer) refreshFrontends(txn WriteTxn, name ServiceName) error {
-	fes := w.feBuf[:0]
+	var svcBackends, shared []*Backend
+	loaded := false
 	for fe := range w.frontends.List(txn, FrontendByServiceName.Query(name)) {
-		fes = append(fes, fe)
-	}
-	w.feBuf = fes[:0]
-	if len(fes) == 0 {
-		return nil
-	}
-	defer clear(fes)
-	svcBackends := w.serviceBackends(txn, name)
-	var shared []*Backend
-	for _, fe := range fes {
+		if !loaded {
+			svcBackends, loaded = w.serviceBackends(txn, name), true
+		}
 		if err := w.writeFrontend(txn, fe.FrontendParams, fe, svcBackends, &shared); err != nil {
 			return err
 		}
@@ -329,23 +324,16 @@ func (w *Writer) refreshFrontends(txn WriteTxn, name ServiceName) error {
 func (w *Writer) serviceBackends(txn statedb.ReadTxn, name ServiceName) []*Backend {
 	clear(w.svcBackends)
 	bes := w.svcBackends[:0]
+	// The index yields the rows sorted by their primary key: address, then
+	// source.
 	for be := range w.backends.List(txn, BackendByServiceName.Query(name)) {
+		if n := len(bes); n > 0 && bes[n-1].Address == be.Address {
+			continue
+		}
 		bes = append(bes, be)
 	}
-	// The index yields rows in (address, source) order already.
-	if !slices.IsSortedFunc(bes, compareBackends) {
-		slices.SortFunc(bes, compareBackends)
-	}
-	bes = slices.CompactFunc(bes, func(a, b *Backend) bool { return a.Address == b.Address })
 	w.svcBackends = bes
 	return bes
-}
-
-func compareBackends(a, b *Backend) int {
-	if c := a.Address.Compare(b.Address); c != 0 {
-		return c
-	}
-	return strings.Compare(string(a.Source), string(b.Source))
 }
 
 // writeFrontend writes the frontend with params and the backends derived
@@ -386,20 +374,20 @@ func (w *Writer) writeFrontend(txn WriteTxn, params FrontendParams, old *Fronten
 	return err
 }
 
-// portBackends returns copies of bes with the port replaced by port, sorted
-// and one per address, in scratch space.
+// portBackends returns copies of bes (sorted, as from serviceBackends) with
+// the port replaced by port, one per address, in scratch space. Only the port
+// changes, so the copies stay sorted and the addresses that differed only in
+// port are adjacent: the first, the one with the lowest port, is kept.
 func (w *Writer) portBackends(bes []*Backend, port uint16) []Backend {
 	out := w.portBuf[:0]
 	for _, be := range bes {
+		if n := len(out); n > 0 && out[n-1].Address.Addr == be.Address.Addr {
+			continue
+		}
 		c := *be
 		c.Address.Port = port
 		out = append(out, c)
 	}
-	cmp := func(a, b Backend) int { return compareBackends(&a, &b) }
-	if !slices.IsSortedFunc(out, cmp) {
-		slices.SortFunc(out, cmp)
-	}
-	out = slices.CompactFunc(out, func(a, b Backend) bool { return a.Address == b.Address })
 	w.portBuf = out
 	return out
 }
@@ -460,6 +448,9 @@ func validateFrontend(name ServiceName, fe *FrontendParams) error {
 		return fmt.Errorf("service %q: frontend %s: port is zero", name, fe.Address)
 	case fe.Address.Protocol != TCP && fe.Address.Protocol != UDP:
 		return fmt.Errorf("service %q: frontend %s: protocol %q is not TCP or UDP", name, fe.Address, fe.Address.Protocol)
+	case fe.Address.Addr.Zone() != "":
+		// Keys leave the zone out: two zones would be one key.
+		return fmt.Errorf("service %q: frontend %s: address has a zone, which is not supported", name, fe.Address)
 	case fe.Address.Addr.Is4In6():
 		// Keys are built from unmapped addresses; a mapped one would be a
 		// second key for the same frontend.
@@ -478,6 +469,8 @@ func validateBackend(name ServiceName, be *BackendParams) error {
 		return fmt.Errorf("service %q: backend %s: address is not a valid IP", name, be.Address)
 	case be.Address.Port == 0:
 		return fmt.Errorf("service %q: backend %s: port is zero", name, be.Address)
+	case be.Address.Addr.Zone() != "":
+		return fmt.Errorf("service %q: backend %s: address has a zone, which is not supported", name, be.Address)
 	case be.State > BackendStateMaintenance:
 		return fmt.Errorf("service %q: backend %s: state %s is not valid", name, be.Address, be.State)
 	}

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
@@ -154,6 +156,13 @@ func TestWriter(t *testing.T) {
 			wantErr: `address is not a valid IP`,
 		},
 		{
+			// Keys leave the zone out, so fe80::1%a and fe80::1%b would be
+			// one row.
+			name:    "frontend with a zone",
+			last:    upsert("a", fe("[fe80::1%eth0]:80/TCP")),
+			wantErr: `service "a": frontend [fe80::1%eth0]:80/TCP: address has a zone, which is not supported`,
+		},
+		{
 			name:    "frontend of another service",
 			last:    upsert("a", FrontendParams{Address: addr("10.0.0.1:80/TCP"), ServiceName: "b"}),
 			wantErr: `service "a": frontend 10.0.0.1:80/TCP: service name is "b"`,
@@ -242,6 +251,11 @@ func TestWriter(t *testing.T) {
 			name:    "backend port zero",
 			last:    setBackends("a", SourceXDS, be("10.1.0.1:0")),
 			wantErr: `service "a": backend 10.1.0.1:0: port is zero`,
+		},
+		{
+			name:    "backend with a zone",
+			last:    setBackends("a", SourceXDS, be("[fe80::1%eth0]:80"), be("[fe80::1%eth1]:80")),
+			wantErr: `service "a": backend [fe80::1%eth0]:80: address has a zone, which is not supported`,
 		},
 		{
 			name:    "backend twice",
@@ -459,6 +473,51 @@ func TestWriter_NoRewrite(t *testing.T) {
 	fe, _, _ = w.Frontends().Get(rtxn, FrontendByAddress.Query(feAddr))
 	if fe.PortName != "web" || fe.Status.Kind != reconciler.StatusKindPending {
 		t.Errorf("after a frontend change: port name %q, status %s", fe.PortName, fe.Status.Kind)
+	}
+}
+
+// TestWriter_SetBackendsAllocation checks that changing one backend of a
+// large service allocates one row, not room for all of them: a row keeps the
+// block it was allocated in alive for as long as it lives.
+func TestWriter_SetBackendsAllocation(t *testing.T) {
+	const n = 1000
+	w := newTestWriter(t)
+	bes := make([]BackendParams, n)
+	for i := range bes {
+		bes[i] = BackendParams{Address: NewL3n4Addr(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 80, ANY), Weight: 1}
+	}
+	set := func() {
+		t.Helper()
+		txn := w.WriteTxn()
+		if err := w.SetBackends(txn, "a", SourceXDS, bes...); err != nil {
+			t.Fatal(err)
+		}
+		txn.Commit()
+	}
+	txn := w.WriteTxn()
+	if err := w.UpsertServiceAndFrontends(txn, svc("a"), fe("10.0.0.1:80/TCP")); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	set()
+	set() // grows the scratch space
+
+	// The frontend gets a new slice of n pointers; the rows must not cost
+	// n more Backends.
+	bes[0].Weight = 2
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	set()
+	runtime.ReadMemStats(&after)
+	rowsBytes := uint64(n) * uint64(unsafe.Sizeof(Backend{}))
+	got := after.TotalAlloc - before.TotalAlloc
+	t.Logf("changing 1 of %d backends allocated %d bytes", n, got)
+	if got > rowsBytes/2 {
+		t.Fatalf("changing 1 of %d backends allocated %d bytes, want well under %d (%d rows)", n, got, rowsBytes, n)
+	}
+	fe, _, _ := w.Frontends().Get(w.ReadTxn(), FrontendByAddress.Query(addr("10.0.0.1:80/TCP")))
+	if len(fe.Backends) != n || fe.Backends[0].Weight != 2 {
+		t.Fatalf("frontend has %d backends, the first of weight %d", len(fe.Backends), fe.Backends[0].Weight)
 	}
 }
 
