@@ -44,9 +44,10 @@ type Controller struct {
 	clusters map[string]*ServiceSpec
 	// users are the clusters of each EDS name.
 	users map[string]map[string]struct{}
-	// clas are the last accepted ClusterLoadAssignments, translated. They
-	// are kept even when no cluster uses them, so that a cluster that
-	// arrives later, or switches to one, gets its backends at once.
+	// clas are the last accepted ClusterLoadAssignments of the requested
+	// names, translated, so that a cluster switching to a CLA another
+	// cluster already uses gets its backends at once. A name no longer
+	// requested is forgotten, as the xDS client forgets it.
 	clas map[string][]loadbalancer.BackendParams
 	// requested are the EDS names last passed to SetNames, sorted.
 	requested []string
@@ -218,6 +219,11 @@ func (c *Controller) updateNames() {
 	}
 	c.requested = names
 	c.names.SetNames(xds.EndpointType, names)
+	for name := range c.clas {
+		if _, ok := c.users[name]; !ok {
+			delete(c.clas, name)
+		}
+	}
 
 	c.pending = 0
 	for _, n := range names {

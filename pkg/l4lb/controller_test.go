@@ -430,8 +430,15 @@ func TestControllerLosingMetadata(t *testing.T) {
 	f.expect(``)
 	f.expectNames()
 
-	// And regaining it: the CLA is still known.
+	// And regaining it: the CLA is requested again, and its backends come
+	// with the server's answer, not from a copy that may be stale.
 	noRejections(t, f.cds(nil, edsCluster("db", `{vip: 10.1.2.3, port: 3306}`, "")))
+	f.expectNames("db")
+	f.expect(`
+		service db source=xds
+		frontend 10.1.2.3:3306/TCP db -> []
+	`)
+	noRejections(t, f.eds(nil, claOf("db", ep("10.0.0.1", 3306, ""))))
 	f.expect(`
 		service db source=xds
 		frontend 10.1.2.3:3306/TCP db -> [10.0.0.1:3306]
@@ -441,32 +448,54 @@ func TestControllerLosingMetadata(t *testing.T) {
 
 func TestControllerEDSNameChanges(t *testing.T) {
 	f := newFixture(t)
-	// A CLA that arrives before its cluster is kept.
-	noRejections(t, f.eds(nil, claOf("db-v2", ep("10.0.2.1", 3306, ""))))
-	noRejections(t, f.cds(nil, edsCluster("db", `{vip: 10.1.2.3, port: 3306}`, "db-v1")))
-	noRejections(t, f.eds(nil, claOf("db-v1", ep("10.0.1.1", 3306, ""))))
-	f.expectNames("db-v1")
-	f.expect(`
-		service db source=xds
-		frontend 10.1.2.3:3306/TCP db -> [10.0.1.1:3306]
-		backend db 10.0.1.1:3306 weight=1 active
-	`)
+	noRejections(t, f.cds(nil,
+		edsCluster("db", `{vip: 10.1.2.3, port: 3306}`, "db-v1"),
+		edsCluster("db-next", `{vip: 10.1.2.4, port: 3306}`, "db-v2"),
+	))
+	noRejections(t, f.eds(nil,
+		claOf("db-v1", ep("10.0.1.1", 3306, "")),
+		claOf("db-v2", ep("10.0.2.1", 3306, "")),
+	))
+	f.expectNames("db-v1", "db-v2")
 
-	// To a known CLA: its backends at once.
-	noRejections(t, f.cds(nil, edsCluster("db", `{vip: 10.1.2.3, port: 3306}`, "db-v2")))
+	// To a CLA another cluster uses: its backends at once.
+	noRejections(t, f.cds(nil,
+		edsCluster("db", `{vip: 10.1.2.3, port: 3306}`, "db-v2"),
+		edsCluster("db-next", `{vip: 10.1.2.4, port: 3306}`, "db-v2"),
+	))
 	f.expectNames("db-v2")
 	f.expect(`
 		service db source=xds
+		service db-next source=xds
 		frontend 10.1.2.3:3306/TCP db -> [10.0.2.1:3306]
+		frontend 10.1.2.4:3306/TCP db-next -> [10.0.2.1:3306]
 		backend db 10.0.2.1:3306 weight=1 active
+		backend db-next 10.0.2.1:3306 weight=1 active
 	`)
 
-	// To an unknown one: the old backends go.
-	noRejections(t, f.cds(nil, edsCluster("db", `{vip: 10.1.2.3, port: 3306}`, "db-v3")))
-	f.expectNames("db-v3")
+	// To one nobody requests any more (db-v1 was forgotten with its last
+	// user): no backends until the server sends it again, never the stale
+	// ones.
+	noRejections(t, f.cds(nil,
+		edsCluster("db", `{vip: 10.1.2.3, port: 3306}`, "db-v1"),
+		edsCluster("db-next", `{vip: 10.1.2.4, port: 3306}`, "db-v2"),
+	))
+	f.expectNames("db-v1", "db-v2")
 	f.expect(`
 		service db source=xds
+		service db-next source=xds
 		frontend 10.1.2.3:3306/TCP db -> []
+		frontend 10.1.2.4:3306/TCP db-next -> [10.0.2.1:3306]
+		backend db-next 10.0.2.1:3306 weight=1 active
+	`)
+	noRejections(t, f.eds(nil, claOf("db-v1", ep("10.0.1.2", 3306, ""))))
+	f.expect(`
+		service db source=xds
+		service db-next source=xds
+		frontend 10.1.2.3:3306/TCP db -> [10.0.1.2:3306]
+		frontend 10.1.2.4:3306/TCP db-next -> [10.0.2.1:3306]
+		backend db 10.0.1.2:3306 weight=1 active
+		backend db-next 10.0.2.1:3306 weight=1 active
 	`)
 }
 
