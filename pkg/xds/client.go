@@ -125,12 +125,12 @@ func NewClient(cfg Config, log *slog.Logger, db *statedb.DB, opts ...Option) (*C
 	for _, o := range opts {
 		o(c)
 	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if c.disabled {
 		log.Info("xDS control plane disabled")
 		return c, nil
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
 	}
 	if !cfg.XDSInsecure {
 		c.tls = &tlsFiles{

@@ -71,27 +71,12 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 		"How long a requested resource may stay unanswered before it is considered deleted")
 }
 
-// Validate checks an enabled configuration. Errors name the flag at fault.
+// Validate checks the configuration; the server and its certificates only
+// when xDS is enabled. Errors name the flag at fault.
 func (cfg Config) Validate() error {
-	if !cfg.EnableXDSControlPlane {
-		return nil
-	}
 	var errs []error
-	if cfg.XDSServerAddress == "" {
-		errs = append(errs, errors.New("--xds-server-address: must be set when --enable-xds-control-plane is true"))
-	} else if _, _, err := net.SplitHostPort(cfg.XDSServerAddress); err != nil {
-		errs = append(errs, fmt.Errorf("--xds-server-address: %q is not host:port: %w", cfg.XDSServerAddress, err))
-	}
-	if !cfg.XDSInsecure {
-		for _, f := range []struct{ flag, value string }{
-			{"--xds-client-cert-path", cfg.XDSClientCertPath},
-			{"--xds-client-key-path", cfg.XDSClientKeyPath},
-			{"--xds-ca-cert-path", cfg.XDSCACertPath},
-		} {
-			if f.value == "" {
-				errs = append(errs, fmt.Errorf("%s: must be set unless --xds-insecure is true", f.flag))
-			}
-		}
+	if cfg.EnableXDSControlPlane {
+		errs = cfg.validateServer()
 	}
 	if cfg.XDSProtocol != ProtocolSotW && cfg.XDSProtocol != ProtocolDelta {
 		errs = append(errs, fmt.Errorf("--xds-protocol: %q is not %s or %s", cfg.XDSProtocol, ProtocolSotW, ProtocolDelta))
@@ -103,6 +88,28 @@ func (cfg Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--xds-resource-does-not-exist-timeout: %s is not positive", cfg.XDSResourceDoesNotExistTimeout))
 	}
 	return errors.Join(errs...)
+}
+
+// validateServer checks what connecting to the server needs.
+func (cfg Config) validateServer() (errs []error) {
+	if cfg.XDSServerAddress == "" {
+		errs = append(errs, errors.New("--xds-server-address: must be set when --enable-xds-control-plane is true"))
+	} else if _, _, err := net.SplitHostPort(cfg.XDSServerAddress); err != nil {
+		errs = append(errs, fmt.Errorf("--xds-server-address: %q is not host:port: %w", cfg.XDSServerAddress, err))
+	}
+	if cfg.XDSInsecure {
+		return errs
+	}
+	for _, f := range []struct{ flag, value string }{
+		{"--xds-client-cert-path", cfg.XDSClientCertPath},
+		{"--xds-client-key-path", cfg.XDSClientKeyPath},
+		{"--xds-ca-cert-path", cfg.XDSCACertPath},
+	} {
+		if f.value == "" {
+			errs = append(errs, fmt.Errorf("%s: must be set unless --xds-insecure is true", f.flag))
+		}
+	}
+	return errs
 }
 
 // serverName is the name the server certificate is checked against.

@@ -32,6 +32,8 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"valid", func(*Config) {}, nil},
 		{"disabled needs nothing", func(c *Config) { *c = DefaultConfig }, nil},
+		{"disabled still checks its flags", func(c *Config) { *c = DefaultConfig; c.XDSProtocol = "grpc" },
+			[]string{`--xds-protocol: "grpc" is not sotw or delta`}},
 		{"insecure needs no certificates", func(c *Config) {
 			c.XDSInsecure = true
 			c.XDSClientCertPath, c.XDSClientKeyPath, c.XDSCACertPath = "", "", ""
