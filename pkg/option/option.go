@@ -9,9 +9,10 @@ package option
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -75,7 +76,7 @@ func loadFile(flags *pflag.FlagSet, file string, settings map[string]any) error 
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return fmt.Errorf("--config-file %s: %w", file, err)
 	}
-	for _, key := range sortedKeys(doc) {
+	for _, key := range slices.Sorted(maps.Keys(doc)) {
 		val := doc[key]
 		if key != XDSBlock {
 			if err := set(flags, settings, key, val, file); err != nil {
@@ -87,7 +88,7 @@ func loadFile(flags *pflag.FlagSet, file string, settings map[string]any) error 
 		if !ok {
 			return fmt.Errorf("%s: %s: want a mapping of settings, got %T", file, XDSBlock, val)
 		}
-		for _, k := range sortedKeys(block) {
+		for _, k := range slices.Sorted(maps.Keys(block)) {
 			flag := "xds-" + k
 			if k == "enabled" {
 				flag = "enable-xds-control-plane"
@@ -122,13 +123,4 @@ func toString(val any) string {
 		return strings.Join(parts, ",")
 	}
 	return fmt.Sprint(val)
-}
-
-func sortedKeys(m map[string]any) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
