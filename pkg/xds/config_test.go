@@ -153,7 +153,7 @@ func TestNackMessage(t *testing.T) {
 	if got != want {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}
-	if got := kindName(EndpointType); got != "cluster load assignment" {
+	if got := kindName(EndpointType); got != "cluster_load_assignment" {
 		t.Errorf("kindName = %q", got)
 	}
 }

@@ -171,14 +171,14 @@ func ShortTypeName(typeURL string) string {
 	return typeURL
 }
 
-// kindName is the lower-case words of a type's short name, used to name a
-// resource in errors: "cluster", "cluster load assignment".
+// kindName is a type's short name in snake case, as the l4lb errors name a
+// resource: "cluster", "cluster_load_assignment".
 func kindName(typeURL string) string {
 	var b strings.Builder
 	for i, r := range ShortTypeName(typeURL) {
 		if r >= 'A' && r <= 'Z' {
 			if i > 0 {
-				b.WriteByte(' ')
+				b.WriteByte('_')
 			}
 			r += 'a' - 'A'
 		}
