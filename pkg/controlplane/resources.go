@@ -21,6 +21,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/l4xds/l4xds/pkg/xds"
+
 	// Register the message types a resource file may name in '@type',
 	// including those commonly nested in a Cluster's typed_config fields.
 	_ "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -43,10 +45,10 @@ func (r Resources) Add(msg proto.Message) error {
 	typeURL := typeURLOf(msg)
 	name := cache.GetResourceName(msg)
 	if name == "" {
-		return fmt.Errorf("%s: resource has no name (field %q)", kindOf(msg.ProtoReflect().Descriptor()), nameField(msg))
+		return fmt.Errorf("%s: resource has no name (field %q)", kindOf(msg), nameField(msg))
 	}
 	if _, dup := r[typeURL][name]; dup {
-		return fmt.Errorf("duplicate %s %q", kindOf(msg.ProtoReflect().Descriptor()), name)
+		return fmt.Errorf("duplicate %s %q", kindOf(msg), name)
 	}
 	if r[typeURL] == nil {
 		r[typeURL] = map[string]proto.Message{}
@@ -220,7 +222,7 @@ func (p *parser) resource(where string, n *yaml.Node) error {
 		return fmt.Errorf("%s (line %d): unknown @type %q", where, typeNode.Line, typeURL)
 	}
 	md := mt.Descriptor()
-	kind := kindOf(md)
+	kind := xds.KindName(string(md.FullName()))
 
 	// Name the resource in errors before it is decoded, from the raw keys.
 	label := kind
@@ -267,20 +269,9 @@ func (p *parser) resource(where string, n *yaml.Node) error {
 	return p.res.Add(msg)
 }
 
-// kindOf names a message type in errors: Cluster -> cluster,
-// ClusterLoadAssignment -> cluster_load_assignment.
-func kindOf(md protoreflect.MessageDescriptor) string {
-	var b strings.Builder
-	for i, r := range string(md.Name()) {
-		if r >= 'A' && r <= 'Z' {
-			if i > 0 {
-				b.WriteByte('_')
-			}
-			r += 'a' - 'A'
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+// kindOf names a message's type in errors, as the agent does.
+func kindOf(msg proto.Message) string {
+	return xds.KindName(string(msg.ProtoReflect().Descriptor().FullName()))
 }
 
 func nameField(msg proto.Message) string {

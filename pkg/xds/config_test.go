@@ -153,8 +153,8 @@ func TestNackMessage(t *testing.T) {
 	if got != want {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}
-	if got := kindName(EndpointType); got != "cluster_load_assignment" {
-		t.Errorf("kindName = %q", got)
+	if got := KindName(EndpointType); got != "cluster_load_assignment" {
+		t.Errorf("KindName = %q", got)
 	}
 }
 

@@ -128,7 +128,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 			// Which cached resource this is cannot be known, so a sweep
 			// could delete a resource that the server still has.
 			sweepSafe = false
-			rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s #%d: %s", kindName(ts.url), i, err)
+			rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s #%d: %s", KindName(ts.url), i, err)
 			continue
 		}
 		present[name] = struct{}{}
@@ -363,7 +363,7 @@ func (ts *typeState) entry(name string) *entry {
 // naming the resource: `cluster "db": io.cilium.l4lb.port: 70000 is out of
 // range`.
 func nackMessage(typeURL string, rejected map[string]string) string {
-	kind := kindName(typeURL)
+	kind := KindName(typeURL)
 	lines := make([]string, 0, len(rejected))
 	names := slices.Collect(maps.Keys(rejected))
 	slices.SortFunc(names, compareRejected)

@@ -171,9 +171,9 @@ func ShortTypeName(typeURL string) string {
 	return typeURL
 }
 
-// kindName is a type's short name in snake case, as the l4lb errors name a
-// resource: "cluster", "cluster_load_assignment".
-func kindName(typeURL string) string {
+// KindName is a type's short name in snake case, as errors name a resource:
+// "cluster", "cluster_load_assignment".
+func KindName(typeURL string) string {
 	var b strings.Builder
 	for i, r := range ShortTypeName(typeURL) {
 		if r >= 'A' && r <= 'Z' {
