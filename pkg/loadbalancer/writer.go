@@ -440,17 +440,27 @@ func validateService(svc *Service) error {
 	return nil
 }
 
-func validateFrontend(name ServiceName, fe *FrontendParams) error {
+// validateAddress checks what frontend and backend addresses share.
+func validateAddress(name ServiceName, kind string, a L3n4Addr) error {
 	switch {
-	case !fe.Address.Addr.IsValid():
-		return fmt.Errorf("service %q: frontend %s: address is not a valid IP", name, fe.Address)
-	case fe.Address.Port == 0:
-		return fmt.Errorf("service %q: frontend %s: port is zero", name, fe.Address)
+	case !a.Addr.IsValid():
+		return fmt.Errorf("service %q: %s %s: address is not a valid IP", name, kind, a)
+	case a.Port == 0:
+		return fmt.Errorf("service %q: %s %s: port is zero", name, kind, a)
+	case a.Addr.Zone() != "":
+		// Keys leave the zone out: two zones would be one key.
+		return fmt.Errorf("service %q: %s %s: address has a zone, which is not supported", name, kind, a)
+	}
+	return nil
+}
+
+func validateFrontend(name ServiceName, fe *FrontendParams) error {
+	if err := validateAddress(name, "frontend", fe.Address); err != nil {
+		return err
+	}
+	switch {
 	case fe.Address.Protocol != TCP && fe.Address.Protocol != UDP:
 		return fmt.Errorf("service %q: frontend %s: protocol %q is not TCP or UDP", name, fe.Address, fe.Address.Protocol)
-	case fe.Address.Addr.Zone() != "":
-		// Keys leave the zone out: two zones would be one key.
-		return fmt.Errorf("service %q: frontend %s: address has a zone, which is not supported", name, fe.Address)
 	case fe.Address.Addr.Is4In6():
 		// Keys are built from unmapped addresses; a mapped one would be a
 		// second key for the same frontend.
@@ -464,13 +474,10 @@ func validateFrontend(name ServiceName, fe *FrontendParams) error {
 }
 
 func validateBackend(name ServiceName, be *BackendParams) error {
+	if err := validateAddress(name, "backend", be.Address); err != nil {
+		return err
+	}
 	switch {
-	case !be.Address.Addr.IsValid():
-		return fmt.Errorf("service %q: backend %s: address is not a valid IP", name, be.Address)
-	case be.Address.Port == 0:
-		return fmt.Errorf("service %q: backend %s: port is zero", name, be.Address)
-	case be.Address.Addr.Zone() != "":
-		return fmt.Errorf("service %q: backend %s: address has a zone, which is not supported", name, be.Address)
 	case be.State > BackendStateMaintenance:
 		return fmt.Errorf("service %q: backend %s: state %s is not valid", name, be.Address, be.State)
 	}
