@@ -27,8 +27,11 @@ FUZZTIME ?= 60s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzTranslateCluster -fuzztime $(FUZZTIME) ./pkg/l4lb
 
+# Regenerates the BPF objects (needs clang and llvm-strip: apt-get install
+# clang llvm libbpf-dev). The objects are committed, so `go build` needs no clang.
+BPF_CFLAGS := -O2 -Wall -Werror -I/usr/include/$(shell gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 generate:
-	$(GO) generate $(PKGS)
+	BPF2GO_CFLAGS="$(BPF_CFLAGS)" $(GO) generate $(PKGS)
 
 demo: build
 	./test/demo.sh

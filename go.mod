@@ -3,6 +3,7 @@ module github.com/l4xds/l4xds
 go 1.26.0
 
 require (
+	github.com/cilium/ebpf v0.22.0
 	github.com/cilium/hive v1.0.4
 	github.com/cilium/statedb v0.8.3
 	github.com/envoyproxy/go-control-plane v0.14.0
@@ -30,7 +31,6 @@ require (
 	github.com/mitchellh/mapstructure v1.5.0 // indirect
 	github.com/pelletier/go-toml/v2 v2.1.0 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
-	github.com/rogpeppe/go-internal v1.14.1 // indirect
 	github.com/sagikazarmark/locafero v0.4.0 // indirect
 	github.com/sagikazarmark/slog-shim v0.1.0 // indirect
 	github.com/sourcegraph/conc v0.3.0 // indirect
@@ -51,3 +51,5 @@ require (
 	gopkg.in/ini.v1 v1.67.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 )
+
+tool github.com/cilium/ebpf/cmd/bpf2go

@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The contract between the datapath programs and the agent: map layouts,
+ * flags, states and drop reasons. pkg/datapath/bpf mirrors every struct
+ * here through bpf2go (-type); change both together.
+ *
+ * Addresses are 16 bytes in network order; an IPv4 address is stored
+ * IPv4-mapped (::ffff:a.b.c.d), so that one key layout serves both families
+ * and one LPM trie holds IPv4 and IPv6 source ranges. Ports are in network
+ * order.
+ */
+#ifndef L4XDS_H
+#define L4XDS_H
+
+#include <linux/types.h>
+
+/* Sizes of the maps. The Maglev inner table size is a load-time constant
+ * (--lb-maglev-table-size), see maglev_size in l4xds.c. */
+#define LB_SERVICES_MAX 65536
+#define LB_BACKENDS_MAX (1 << 20)
+#define LB_CT_MAX (1 << 20)
+#define LB_AFFINITY_MAX (1 << 16)
+#define LB_SOURCE_RANGES_MAX 65536
+
+/* tcx verdicts (uapi linux/bpf.h since 6.6; defined here so the programs
+ * build against older UAPI headers). */
+#define TCX_NEXT -1
+#define TCX_PASS 0
+#define TCX_DROP 2
+#define TCX_REDIRECT 7
+
+/* A frontend: VIP, port and protocol. TCP and UDP on one VIP and port are
+ * two services. */
+struct lb_svc_key {
+	__u32 addr[4];
+	__be16 port;
+	__u8 proto; /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+enum {
+	/* Only clients in the service's source ranges (lb_src_range_key) are
+	 * served; others are dropped with LB_DROP_SOURCE_RANGE. */
+	LB_SVC_F_SOURCE_RANGES = 1 << 0,
+	/* Client-IP session affinity for affinity_timeout seconds. */
+	LB_SVC_F_AFFINITY = 1 << 1,
+};
+
+struct lb_svc {
+	__u32 id;               /* key of maglev, stats, source ranges, backend.svc_id */
+	__u32 flags;            /* LB_SVC_F_* */
+	__u32 count;            /* backends in the Maglev table; 0: reject new flows */
+	__u32 affinity_timeout; /* seconds, with LB_SVC_F_AFFINITY */
+};
+
+enum {
+	LB_BACKEND_ACTIVE = 0,      /* new and existing flows */
+	LB_BACKEND_TERMINATING = 1, /* existing flows only (drain) */
+	LB_BACKEND_QUARANTINED = 2, /* existing flows only */
+	LB_BACKEND_MAINTENANCE = 3, /* existing flows only */
+};
+
+/* A backend of one service (key: backend id, unique per service and
+ * address). A flow whose backend id is gone, or belongs to another
+ * service, is balanced again. */
+struct lb_backend {
+	__u32 addr[4];
+	__be16 port;
+	__u8 state; /* LB_BACKEND_* */
+	__u8 pad;
+	__u32 svc_id;
+};
+
+enum {
+	CT_FORWARD = 0, /* client -> VIP: which backend */
+	CT_REPLY = 1,   /* backend -> client: which VIP to restore */
+};
+
+struct lb_ct_key {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir; /* CT_FORWARD or CT_REPLY */
+	__u8 pad[2];
+};
+
+enum {
+	CT_F_CLOSING = 1 << 0, /* TCP FIN or RST seen: short lifetime */
+};
+
+struct lb_ct_entry {
+	__u64 last_seen;  /* bpf_ktime_get_ns() */
+	__u32 backend_id; /* CT_FORWARD */
+	__u32 svc_id;
+	__u32 vip[4];     /* CT_REPLY: the frontend to restore as source */
+	__be16 vip_port;
+	__u8 flags;       /* CT_F_* */
+	__u8 pad;
+	__u32 pad2;
+};
+
+/* Lifetimes of a conntrack entry since its last packet, in seconds. */
+#define CT_LIFETIME_TCP 21600
+#define CT_LIFETIME_TCP_CLOSING 10
+#define CT_LIFETIME_NONTCP 60
+
+struct lb_affinity_key {
+	__u32 client[4];
+	__u32 svc_id;
+};
+
+struct lb_affinity {
+	__u64 last_used; /* bpf_ktime_get_ns() */
+	__u32 backend_id;
+	__u32 pad;
+};
+
+/* LPM trie key: prefixlen counts the 32 bits of svc_id plus the address
+ * prefix (an IPv4 /24 is 32 + 96 + 24). */
+struct lb_src_range_key {
+	__u32 prefixlen;
+	__u32 svc_id;
+	__u32 addr[4];
+};
+
+enum {
+	LB_DROP_NO_BACKEND = 0,   /* no usable backend: rejected (RST / ICMP) */
+	LB_DROP_SOURCE_RANGE = 1, /* client outside the source ranges */
+	LB_DROP_UNKNOWN_PORT = 2, /* a VIP, but no service on this port/protocol */
+	LB_DROP_FRAGMENT = 3,     /* IP fragment to a VIP (not supported) */
+	LB_DROP_MALFORMED = 4,    /* truncated headers to a VIP */
+	LB_DROP_BACKEND_FAMILY = 5, /* backend of another IP family than the VIP */
+	LB_DROP_MAX = 6,
+};
+
+/* Per-CPU counters, indexed by service id; index 0 holds what no service
+ * can be charged with (LB_DROP_UNKNOWN_PORT). */
+struct lb_stats {
+	__u64 packets; /* both directions, forwarded */
+	__u64 bytes;
+	__u64 drops[LB_DROP_MAX];
+};
+
+#endif /* L4XDS_H */
