@@ -182,9 +182,10 @@ type FrontendParams struct {
 // datapath.
 type Frontend struct {
 	FrontendParams `yaml:",inline"`
-	// ID is the service ID the datapath allocated for the frontend (0 until
-	// the datapath has one).
-	ID uint32
+	// Service is the service the frontend belongs to, as last written: a
+	// change of the service (source ranges, affinity) rewrites its frontends
+	// so that the datapath reconciles them.
+	Service *Service `json:"-" yaml:"-"`
 	// Backends are the service's backends as this frontend uses them (port
 	// replaced by ServicePort), sorted by address. Computed by the Writer.
 	Backends []*Backend

@@ -125,10 +125,13 @@ func (w *Writer) UpsertServiceAndFrontends(txn WriteTxn, svc *Service, fes ...Fr
 	}
 
 	oldSvc, _, found := w.services.Get(txn, ServiceByName.Query(svc.Name))
-	if !found || !oldSvc.equal(svc) {
+	svcChanged := !found || !oldSvc.equal(svc)
+	if svcChanged {
 		if _, _, err := w.services.Insert(txn, svc); err != nil {
 			return err
 		}
+	} else {
+		svc = oldSvc
 	}
 
 	// Frontends exist only with their service: a new service has none to
@@ -150,7 +153,7 @@ func (w *Writer) UpsertServiceAndFrontends(txn WriteTxn, svc *Service, fes ...Fr
 		if params.Type == "" {
 			params.Type = SVCTypeLoadBalancer
 		}
-		if old := olds[i]; old != nil && old.FrontendParams == params {
+		if old := olds[i]; !svcChanged && old != nil && old.FrontendParams == params {
 			// Every backend change refreshes the frontends, so an
 			// unchanged frontend has its backends already.
 			continue
@@ -158,7 +161,7 @@ func (w *Writer) UpsertServiceAndFrontends(txn WriteTxn, svc *Service, fes ...Fr
 		if !loaded {
 			svcBackends, loaded = w.serviceBackends(txn, svc.Name), true
 		}
-		if err := w.writeFrontend(txn, params, olds[i], svcBackends, &shared); err != nil {
+		if err := w.writeFrontend(txn, svc, params, olds[i], svcBackends, &shared); err != nil {
 			return err
 		}
 	}
@@ -310,7 +313,7 @@ func (w *Writer) refreshFrontends(txn WriteTxn, name ServiceName) error {
 		if !loaded {
 			svcBackends, loaded = w.serviceBackends(txn, name), true
 		}
-		if err := w.writeFrontend(txn, fe.FrontendParams, fe, svcBackends, &shared); err != nil {
+		if err := w.writeFrontend(txn, fe.Service, fe.FrontendParams, fe, svcBackends, &shared); err != nil {
 			return err
 		}
 	}
@@ -340,10 +343,11 @@ func (w *Writer) serviceBackends(txn statedb.ReadTxn, name ServiceName) []*Backe
 // from svcBackends, unless old already has exactly those. A write resets the
 // status to pending so that the datapath reconciles it. *shared caches the
 // persistent copy of svcBackends across the frontends of one service.
-func (w *Writer) writeFrontend(txn WriteTxn, params FrontendParams, old *Frontend, svcBackends []*Backend, shared *[]*Backend) error {
+func (w *Writer) writeFrontend(txn WriteTxn, svc *Service, params FrontendParams, old *Frontend, svcBackends []*Backend, shared *[]*Backend) error {
+	unchanged := old != nil && old.Service == svc && old.FrontendParams == params
 	var backends []*Backend
 	if params.ServicePort == 0 || len(svcBackends) == 0 {
-		if old != nil && old.FrontendParams == params && backendsEqual(old.Backends, svcBackends) {
+		if unchanged && backendsEqual(old.Backends, svcBackends) {
 			return nil
 		}
 		if *shared == nil && len(svcBackends) > 0 {
@@ -352,7 +356,7 @@ func (w *Writer) writeFrontend(txn WriteTxn, params FrontendParams, old *Fronten
 		backends = *shared
 	} else {
 		ported := w.portBackends(svcBackends, params.ServicePort)
-		if old != nil && old.FrontendParams == params && portedEqual(old.Backends, ported) {
+		if unchanged && portedEqual(old.Backends, ported) {
 			return nil
 		}
 		block := slices.Clone(ported)
@@ -364,11 +368,9 @@ func (w *Writer) writeFrontend(txn WriteTxn, params FrontendParams, old *Fronten
 
 	fe := &Frontend{
 		FrontendParams: params,
+		Service:        svc,
 		Backends:       backends,
 		Status:         reconciler.StatusPending(),
-	}
-	if old != nil {
-		fe.ID = old.ID
 	}
 	_, _, err := w.frontends.Insert(txn, fe)
 	return err

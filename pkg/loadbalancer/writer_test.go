@@ -381,7 +381,7 @@ func TestWriter_ConflictError(t *testing.T) {
 
 // TestWriter_NoRewrite checks that the writer leaves unchanged rows alone, so
 // the datapath reconciler gets no needless work, and that a change makes the
-// frontend pending again while keeping its ID.
+// frontend pending again.
 func TestWriter_NoRewrite(t *testing.T) {
 	w := newTestWriter(t)
 	feAddr := addr("10.0.0.1:80/TCP")
@@ -409,11 +409,10 @@ func TestWriter_NoRewrite(t *testing.T) {
 	apply(upsert)
 	rtxn := apply(setBackends)
 
-	// The datapath reconciled the frontend and gave it an ID.
+	// The datapath reconciled the frontend.
 	rtxn = apply(func(txn WriteTxn) error {
 		fe, _, _ := w.frontends.Get(txn, FrontendByAddress.Query(feAddr))
 		fe = fe.Clone().SetStatus(reconciler.StatusDone())
-		fe.ID = 7
 		_, _, err := w.frontends.Insert(txn, fe)
 		return err
 	})
@@ -434,9 +433,6 @@ func TestWriter_NoRewrite(t *testing.T) {
 	if fe.Status.Kind != reconciler.StatusKindPending {
 		t.Errorf("status after a backend change is %s, want Pending", fe.Status.Kind)
 	}
-	if fe.ID != 7 {
-		t.Errorf("ID after a backend change is %d, want 7", fe.ID)
-	}
 	if got := fe.Backends[1].Weight; got != 5 {
 		t.Errorf("backend weight on the frontend is %d, want 5", got)
 	}
@@ -455,7 +451,8 @@ func TestWriter_NoRewrite(t *testing.T) {
 		t.Errorf("backends of the 443 frontend are %q", got)
 	}
 
-	// A service change rewrites the service but not its frontends.
+	// A service change (what the datapath enforces: affinity, source
+	// ranges) rewrites its frontends, pointing at the new service.
 	before = revs(rtxn)
 	rtxn = apply(func(txn WriteTxn) error {
 		s := service()
@@ -463,8 +460,12 @@ func TestWriter_NoRewrite(t *testing.T) {
 		return w.UpsertServiceAndFrontends(txn, s, params...)
 	})
 	after := revs(rtxn)
-	if after[0] == before[0] || after[1] != before[1] {
-		t.Errorf("service change: revisions %v, then %v; want only the services table to change", before, after)
+	if after[0] == before[0] || after[1] == before[1] || after[2] != before[2] {
+		t.Errorf("service change: revisions %v, then %v; want the services and frontends tables to change", before, after)
+	}
+	fe, _, _ = w.Frontends().Get(rtxn, FrontendByAddress.Query(feAddr))
+	if fe.Service == nil || !fe.Service.SessionAffinity || fe.Status.Kind != reconciler.StatusKindPending || len(fe.Backends) != 2 {
+		t.Errorf("after a service change: frontend service %+v, status %s, %d backends", fe.Service, fe.Status.Kind, len(fe.Backends))
 	}
 
 	// A frontend change makes it pending.
