@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// l4xds-traffic is the traffic source and sink of the end-to-end tests and
+// the demo. Run it inside network namespaces (`ip netns exec`):
+//
+//	serve  answers every TCP connection and UDP datagram with its name
+//	probe  opens N new flows to an address and counts which backend answered
+//	hold   keeps one TCP connection open and echoes over it at an interval
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes: 1 means traffic failed (a probe flow, a held connection), 2
+// that the tool could not run at all.
+const (
+	exitTrafficFailed = 1
+	exitError         = 2
+)
+
+// errTrafficFailed ends a command that printed its failures already.
+type errTrafficFailed struct{}
+
+func (errTrafficFailed) Error() string { return "traffic failed" }
+
+func main() {
+	root := &cobra.Command{
+		Use:           "l4xds-traffic",
+		Short:         "TCP and UDP traffic for testing l4xds: servers that say their name, probes that count them",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(serveCommand(), probeCommand(), holdCommand())
+	if err := root.Execute(); err != nil {
+		if _, ok := err.(errTrafficFailed); ok {
+			os.Exit(exitTrafficFailed)
+		}
+		fmt.Fprintln(os.Stderr, "l4xds-traffic:", err)
+		os.Exit(exitError)
+	}
+}

@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// Kinds of failed flows.
+const (
+	kindRefused     = "connection refused" // TCP: a RST answered the SYN
+	kindUnreachable = "ICMP unreachable"   // UDP: ICMP port unreachable (ECONNREFUSED on a connected socket)
+	kindHost        = "host unreachable"
+	kindNetwork     = "network unreachable"
+	kindTimeout     = "timeout"
+	kindReset       = "connection reset"
+	kindNoAnswer    = "closed without answer"
+	kindOther       = "other"
+)
+
+// Report is what probe prints with -o json.
+type Report struct {
+	To       string `json:"to"`
+	Proto    string `json:"proto"`
+	Flows    int    `json:"flows"`
+	Answered int    `json:"answered"`
+	// Backends counts the flows each backend (by its serve --name) answered.
+	Backends map[string]int `json:"backends"`
+	// Errors counts failed flows by kind; Examples holds one message each.
+	Errors   map[string]int    `json:"errors"`
+	Examples map[string]string `json:"examples,omitempty"`
+}
+
+func probeCommand() *cobra.Command {
+	var (
+		to, proto, output string
+		flows, conc       int
+		timeout           time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "probe --to ADDR --proto tcp|udp [--flows N]",
+		Short: "Open N new flows to ADDR and count the backends that answered",
+		Long: `Open N new flows to ADDR, each from a new socket (so a new source port):
+TCP connects and reads the server's name; UDP sends a datagram on a connected
+socket and reads the answer. Prints the flows per backend and the failures by
+kind: "connection refused", "ICMP unreachable", "timeout", ...
+Exits 1 when a flow failed (after printing the report).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if proto != "tcp" && proto != "udp" {
+				return fmt.Errorf("--proto %q: want tcp or udp", proto)
+			}
+			if _, _, err := net.SplitHostPort(to); err != nil {
+				return fmt.Errorf("--to %q: %w", to, err)
+			}
+			if flows < 1 || conc < 1 {
+				return errors.New("--flows and --concurrency must be at least 1")
+			}
+			if output != "text" && output != "json" {
+				return fmt.Errorf("-o %q: want text or json", output)
+			}
+			r := probe(to, proto, flows, conc, timeout)
+			if output == "json" {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				enc.Encode(r)
+			} else {
+				r.print(os.Stdout)
+			}
+			if r.Answered < r.Flows {
+				return errTrafficFailed{}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&to, "to", "", "Address to probe, host:port ([v6]:port)")
+	f.StringVar(&proto, "proto", "tcp", "tcp or udp")
+	f.IntVar(&flows, "flows", 100, "Number of new flows")
+	f.IntVar(&conc, "concurrency", 16, "Flows in flight at once")
+	f.DurationVar(&timeout, "timeout", time.Second, "Time a flow may take")
+	f.StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
+}
+
+func probe(to, proto string, flows, conc int, timeout time.Duration) *Report {
+	r := &Report{To: to, Proto: proto, Flows: flows,
+		Backends: map[string]int{}, Errors: map[string]int{}, Examples: map[string]string{}}
+	var mu sync.Mutex
+	work := make(chan struct{})
+	var wg sync.WaitGroup
+	for range min(conc, flows) {
+		wg.Go(func() {
+			for range work {
+				name, err := flow(to, proto, timeout)
+				mu.Lock()
+				if err != nil {
+					kind := errorKind(proto, err)
+					r.Errors[kind]++
+					if _, ok := r.Examples[kind]; !ok {
+						r.Examples[kind] = err.Error()
+					}
+				} else {
+					r.Answered++
+					r.Backends[name]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for range flows {
+		work <- struct{}{}
+	}
+	close(work)
+	wg.Wait()
+	return r
+}
+
+// flow opens one new flow and returns the name of the backend that answered.
+func flow(to, proto string, timeout time.Duration) (string, error) {
+	c, err := net.DialTimeout(proto, to, timeout)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	if proto == "tcp" {
+		name, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimSpace(name), nil
+	}
+	if _, err := c.Write([]byte("probe")); err != nil {
+		return "", err
+	}
+	buf := make([]byte, 512)
+	n, err := c.Read(buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
+
+func errorKind(proto string, err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		if proto == "udp" {
+			return kindUnreachable
+		}
+		return kindRefused
+	case errors.Is(err, syscall.EHOSTUNREACH):
+		return kindHost
+	case errors.Is(err, syscall.ENETUNREACH):
+		return kindNetwork
+	case errors.Is(err, syscall.ECONNRESET):
+		return kindReset
+	case errors.Is(err, io.EOF):
+		return kindNoAnswer
+	case errors.As(err, &ne) && ne.Timeout():
+		return kindTimeout
+	}
+	return kindOther
+}
+
+func (r *Report) print(w io.Writer) {
+	fmt.Fprintf(w, "%s %s: %d flows, %d answered, %d failed\n", r.Proto, r.To, r.Flows, r.Answered, r.Flows-r.Answered)
+	for _, name := range slices.Sorted(maps.Keys(r.Backends)) {
+		n := r.Backends[name]
+		fmt.Fprintf(w, "  %-12s %6d  %5.1f%%\n", name, n, 100*float64(n)/float64(r.Flows))
+	}
+	for _, kind := range slices.Sorted(maps.Keys(r.Errors)) {
+		fmt.Fprintf(w, "  failed: %-22s %6d  (%s)\n", kind, r.Errors[kind], r.Examples[kind])
+	}
+}
