@@ -11,7 +11,7 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
+	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES)) ./test/l4xds-traffic
 
 # All test tiers: unit and script tests always; the privileged tiers (BPF,
 # network namespaces) run when root and skip with a message otherwise.
