@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,6 +52,7 @@ func probeCommand() *cobra.Command {
 		to, proto, output string
 		flows, conc       int
 		timeout           time.Duration
+		configured        []string
 	)
 	cmd := &cobra.Command{
 		Use:   "probe --to ADDR --proto tcp|udp [--flows N]",
@@ -58,6 +61,9 @@ func probeCommand() *cobra.Command {
 TCP connects and reads the server's name; UDP sends a datagram on a connected
 socket and reads the answer. Prints the flows per backend and the failures by
 kind: "connection refused", "ICMP unreachable", "timeout", ...
+With --backend NAME=WEIGHT[:STATE] for each configured backend, the text
+report shows every backend's expected share of new flows beside the measured
+one (only active backends expect new flows).
 Exits 1 when a flow failed (after printing the report).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -73,13 +79,17 @@ Exits 1 when a flow failed (after printing the report).`,
 			if output != "text" && output != "json" {
 				return fmt.Errorf("-o %q: want text or json", output)
 			}
+			backends, err := parseBackends(configured)
+			if err != nil {
+				return err
+			}
 			r := probe(to, proto, flows, conc, timeout)
 			if output == "json" {
 				enc := json.NewEncoder(os.Stdout)
 				enc.SetIndent("", "  ")
 				enc.Encode(r)
 			} else {
-				r.print(os.Stdout)
+				r.print(os.Stdout, backends)
 			}
 			if r.Answered < r.Flows {
 				return errTrafficFailed{}
@@ -94,6 +104,7 @@ Exits 1 when a flow failed (after printing the report).`,
 	f.IntVar(&conc, "concurrency", 16, "Flows in flight at once")
 	f.DurationVar(&timeout, "timeout", time.Second, "Time a flow may take")
 	f.StringVarP(&output, "output", "o", "text", "text or json")
+	f.StringArrayVar(&configured, "backend", nil, "A configured backend, NAME=WEIGHT[:STATE] (repeatable; STATE default active)")
 	return cmd
 }
 
@@ -178,11 +189,63 @@ func errorKind(proto string, err error) string {
 	return kindOther
 }
 
-func (r *Report) print(w io.Writer) {
+// backend is a configured backend given with --backend: what the split
+// should look like.
+type backend struct {
+	name   string
+	weight int
+	state  string
+}
+
+func parseBackends(specs []string) ([]backend, error) {
+	var bs []backend
+	for _, spec := range specs {
+		name, rest, ok := strings.Cut(spec, "=")
+		weight, state, _ := strings.Cut(rest, ":")
+		b := backend{name: name, state: cmp.Or(state, "active")}
+		var err error
+		if b.weight, err = strconv.Atoi(weight); !ok || name == "" || err != nil || b.weight < 0 {
+			return nil, fmt.Errorf("--backend %q: want NAME=WEIGHT[:STATE]", spec)
+		}
+		bs = append(bs, b)
+	}
+	return bs, nil
+}
+
+func (r *Report) print(w io.Writer, configured []backend) {
 	fmt.Fprintf(w, "%s %s: %d flows, %d answered, %d failed\n", r.Proto, r.To, r.Flows, r.Answered, r.Flows-r.Answered)
-	for _, name := range slices.Sorted(maps.Keys(r.Backends)) {
-		n := r.Backends[name]
-		fmt.Fprintf(w, "  %-12s %6d  %5.1f%%\n", name, n, 100*float64(n)/float64(r.Flows))
+	share := func(n, of int) string {
+		if of == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(of))
+	}
+	if len(configured) == 0 {
+		for _, name := range slices.Sorted(maps.Keys(r.Backends)) {
+			fmt.Fprintf(w, "  %-16s %6d  %6s\n", name, r.Backends[name], share(r.Backends[name], r.Flows))
+		}
+	} else {
+		active := 0
+		for _, b := range configured {
+			if b.state == "active" {
+				active += b.weight
+			}
+		}
+		fmt.Fprintf(w, "  %-16s %6s  %-12s %8s  %6s  %6s\n", "backend", "weight", "state", "expected", "flows", "share")
+		listed := map[string]bool{}
+		for _, b := range configured {
+			listed[b.name] = true
+			expect := 0
+			if b.state == "active" {
+				expect = b.weight
+			}
+			fmt.Fprintf(w, "  %-16s %6d  %-12s %8s  %6d  %6s\n", b.name, b.weight, b.state, share(expect, active), r.Backends[b.name], share(r.Backends[b.name], r.Flows))
+		}
+		for _, name := range slices.Sorted(maps.Keys(r.Backends)) {
+			if !listed[name] {
+				fmt.Fprintf(w, "  %-16s %6s  %-12s %8s  %6d  %6s\n", name, "-", "not configured", "0.0%", r.Backends[name], share(r.Backends[name], r.Flows))
+			}
+		}
 	}
 	for _, kind := range slices.Sorted(maps.Keys(r.Errors)) {
 		fmt.Fprintf(w, "  failed: %-22s %6d  (%s)\n", kind, r.Errors[kind], r.Examples[kind])
