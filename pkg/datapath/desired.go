@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"math"
+	"net/netip"
+	"slices"
+	"time"
+
+	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+// desiredService is what the maps should hold for a frontend, before IDs.
+type desiredService struct {
+	// backends are those of the VIP's family, in the frontend's order.
+	backends []desiredBackend
+	// usable counts the backends that take new flows (usable is set).
+	usable int
+	// flags and affinityTimeout (seconds) of the l4xds_services entry.
+	flags           uint32
+	affinityTimeout uint32
+	// ranges are the source ranges, masked, without duplicates.
+	ranges []netip.Prefix
+}
+
+type desiredBackend struct {
+	addr   netip.AddrPort
+	state  lb.BackendState
+	weight uint16
+	// usable backends are in the Maglev table.
+	usable bool
+}
+
+// desire computes the maps' contents for fe.
+//
+// A backend of the other IP family than the VIP is left out: the datapath
+// translates addresses, not families. New flows go to the usable backends:
+// active, of non-zero weight (the loadbalancer's "no new flows"), and of the
+// lowest priority that has such a backend (locality failover).
+func desire(fe *lb.Frontend) desiredService {
+	var d desiredService
+	is4 := fe.Address.Addr.Is4()
+	best := uint32(math.MaxUint32)
+	for _, be := range fe.Backends {
+		addr := be.Address.Addr.Unmap()
+		if addr.Is4() != is4 {
+			continue
+		}
+		d.backends = append(d.backends, desiredBackend{
+			addr:   netip.AddrPortFrom(addr, be.Address.Port),
+			state:  be.State,
+			weight: be.Weight,
+		})
+		if takesNewFlows(be) {
+			best = min(best, be.Priority)
+		}
+	}
+	i := 0
+	for _, be := range fe.Backends {
+		if be.Address.Addr.Unmap().Is4() != is4 {
+			continue
+		}
+		if takesNewFlows(be) && be.Priority == best {
+			d.backends[i].usable = true
+			d.usable++
+		}
+		i++
+	}
+
+	if svc := fe.Service; svc != nil {
+		if len(svc.SourceRanges) > 0 {
+			d.flags |= svcFlagSourceRanges
+			for _, p := range svc.SourceRanges {
+				if p = normalPrefix(p); !slices.Contains(d.ranges, p) {
+					d.ranges = append(d.ranges, p)
+				}
+			}
+		}
+		if svc.SessionAffinity {
+			d.flags |= svcFlagAffinity
+			d.affinityTimeout = affinitySeconds(svc.SessionAffinityTimeout)
+		}
+	}
+	return d
+}
+
+// normalPrefix is p masked, IPv4-mapped IPv6 as IPv4: the form the LPM key
+// reads back as, so that one range has one form.
+func normalPrefix(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	return p.Masked()
+}
+
+func takesNewFlows(be *lb.Backend) bool {
+	return be.State == lb.BackendStateActive && be.Weight > 0
+}
+
+// affinitySeconds rounds up, so that a sub-second timeout is not "none".
+func affinitySeconds(d time.Duration) uint32 {
+	s := math.Ceil(d.Seconds())
+	return uint32(min(max(s, 1), math.MaxUint32))
+}
+
+// maglevBackends are the inputs of the Maglev table: the usable backends,
+// keyed by address so that every node builds the same table.
+func (d *desiredService) maglevBackends(ids func(netip.AddrPort) uint32) []MaglevBackend {
+	out := make([]MaglevBackend, 0, d.usable)
+	for _, be := range d.backends {
+		if be.usable {
+			out = append(out, MaglevBackend{ID: ids(be.addr), Key: be.addr.String(), Weight: be.weight})
+		}
+	}
+	return out
+}

@@ -1,0 +1,225 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/l4xds/l4xds/pkg/datapath/bpf"
+	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+// Ranges of the IDs (bpf/l4xds.h): service 0 is the stats slot of what no
+// service can be charged with, backend 0 is never used.
+const (
+	MaxServiceID = 1<<16 - 1
+	MaxBackendID = 1<<20 - 1
+)
+
+// idPool hands out the IDs 1..max. The next ID is the first free one after
+// the last handed out, wrapping, so that a just-freed ID is not reused at
+// once: a conntrack entry that still names it then finds it gone rather
+// than taken by another backend.
+type idPool struct {
+	max  uint32
+	last uint32
+	used map[uint32]struct{}
+}
+
+func newIDPool(max uint32) *idPool {
+	return &idPool{max: max, used: map[uint32]struct{}{}}
+}
+
+func (p *idPool) acquire() (uint32, error) {
+	if len(p.used) >= int(p.max) {
+		return 0, fmt.Errorf("all %d IDs are in use", p.max)
+	}
+	id := p.last
+	for {
+		id = id%p.max + 1
+		if _, taken := p.used[id]; !taken {
+			break
+		}
+	}
+	p.used[id] = struct{}{}
+	p.last = id
+	return id, nil
+}
+
+// reserve takes an ID restored from the maps; new IDs continue after the
+// highest one restored.
+func (p *idPool) reserve(id uint32) error {
+	if id == 0 || id > p.max {
+		return fmt.Errorf("ID %d is out of range 1..%d", id, p.max)
+	}
+	if _, taken := p.used[id]; taken {
+		return fmt.Errorf("ID %d is used twice", id)
+	}
+	p.used[id] = struct{}{}
+	p.last = max(p.last, id)
+	return nil
+}
+
+func (p *idPool) release(id uint32) { delete(p.used, id) }
+
+// service is what the maps hold for one frontend, as far as the agent
+// knows: written by the reconciler, or restored from the pinned maps.
+type service struct {
+	id       uint32
+	frontend lb.L3n4Addr
+	key      bpf.L4xdsLbSvcKey
+	// value is the l4xds_services entry, valid when written.
+	value   bpf.L4xdsLbSvc
+	written bool
+	// backends are the service's l4xds_backends entries by address.
+	backends map[netip.AddrPort]*backend
+	// ranges are its l4xds_srcrange entries.
+	ranges map[netip.Prefix]struct{}
+	// maglev is what its l4xds_maglev table was built from; maglevKnown is
+	// false after a restore (the table is rebuilt on the first update).
+	maglev      []MaglevBackend
+	maglevKnown bool
+}
+
+type backend struct {
+	id uint32
+	// value is the entry as written; zero until it is.
+	value bpf.L4xdsLbBackend
+}
+
+// registry holds the IDs and the agent's view of the maps. Only the
+// reconciler uses it, from one goroutine.
+type registry struct {
+	serviceIDs *idPool
+	backendIDs *idPool
+	services   map[lb.L3n4Addr]*service
+	byID       map[uint32]*service
+	// vips counts the services of each VIP (l4xds_vips).
+	vips map[netip.Addr]uint32
+}
+
+func newRegistry() *registry {
+	return &registry{
+		serviceIDs: newIDPool(MaxServiceID),
+		backendIDs: newIDPool(MaxBackendID),
+		services:   map[lb.L3n4Addr]*service{},
+		byID:       map[uint32]*service{},
+		vips:       map[netip.Addr]uint32{},
+	}
+}
+
+// service returns the frontend's service, allocating an ID for a new one
+// (isNew).
+func (r *registry) service(fe lb.L3n4Addr) (svc *service, isNew bool, err error) {
+	if svc, ok := r.services[fe]; ok {
+		return svc, false, nil
+	}
+	key, err := svcKeyToBPF(fe)
+	if err != nil {
+		return nil, false, err
+	}
+	id, err := r.serviceIDs.acquire()
+	if err != nil {
+		return nil, false, fmt.Errorf("allocate a service ID: %w", err)
+	}
+	return r.add(id, fe, key), true, nil
+}
+
+func (r *registry) add(id uint32, fe lb.L3n4Addr, key bpf.L4xdsLbSvcKey) *service {
+	svc := &service{
+		id:       id,
+		frontend: fe,
+		key:      key,
+		backends: map[netip.AddrPort]*backend{},
+		ranges:   map[netip.Prefix]struct{}{},
+	}
+	r.services[fe] = svc
+	r.byID[id] = svc
+	r.vips[fe.Addr]++
+	return svc
+}
+
+// remove forgets a service and frees its IDs.
+func (r *registry) remove(svc *service) {
+	for _, be := range svc.backends {
+		r.backendIDs.release(be.id)
+	}
+	delete(r.services, svc.frontend)
+	delete(r.byID, svc.id)
+	r.serviceIDs.release(svc.id)
+	if r.vips[svc.frontend.Addr]--; r.vips[svc.frontend.Addr] == 0 {
+		delete(r.vips, svc.frontend.Addr)
+	}
+}
+
+// backend returns the service's backend at addr, allocating an ID for a
+// new one.
+func (r *registry) backend(svc *service, addr netip.AddrPort) (*backend, error) {
+	if be, ok := svc.backends[addr]; ok {
+		return be, nil
+	}
+	id, err := r.backendIDs.acquire()
+	if err != nil {
+		return nil, fmt.Errorf("backend %s: allocate a backend ID: %w", addr, err)
+	}
+	be := &backend{id: id}
+	svc.backends[addr] = be
+	return be, nil
+}
+
+func (r *registry) removeBackend(svc *service, addr netip.AddrPort) {
+	if be, ok := svc.backends[addr]; ok {
+		r.backendIDs.release(be.id)
+		delete(svc.backends, addr)
+	}
+}
+
+//
+// Restore from the pinned maps: a restarted agent keeps its IDs, so the
+// entries it rewrites are the same and conntrack entries stay valid.
+//
+
+func (r *registry) restoreService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {
+	fe, err := svcKeyFromBPF(key)
+	if err != nil {
+		return fmt.Errorf("service %d: %w", v.Id, err)
+	}
+	if err := r.serviceIDs.reserve(v.Id); err != nil {
+		return fmt.Errorf("frontend %s: service %w", fe, err)
+	}
+	svc := r.add(v.Id, fe, key)
+	svc.value, svc.written = v, true
+	return nil
+}
+
+// restoreBackend adds a backend to its service. A backend of no known
+// service is left to Prune.
+func (r *registry) restoreBackend(id uint32, v bpf.L4xdsLbBackend) error {
+	addr := backendAddrFromBPF(v)
+	svc, ok := r.byID[v.SvcId]
+	if !ok {
+		return fmt.Errorf("backend %s (id %d): service %d does not exist", addr, id, v.SvcId)
+	}
+	if _, dup := svc.backends[addr]; dup {
+		return fmt.Errorf("backend %s (id %d): service %d has it already", addr, id, v.SvcId)
+	}
+	if err := r.backendIDs.reserve(id); err != nil {
+		return fmt.Errorf("backend %s: %w", addr, err)
+	}
+	svc.backends[addr] = &backend{id: id, value: v}
+	return nil
+}
+
+func (r *registry) restoreSourceRange(k bpf.L4xdsLbSrcRangeKey) error {
+	p, err := srcRangeFromBPF(k)
+	if err != nil {
+		return err
+	}
+	svc, ok := r.byID[k.SvcId]
+	if !ok {
+		return fmt.Errorf("source range %s: service %d does not exist", p, k.SvcId)
+	}
+	svc.ranges[p] = struct{}{}
+	return nil
+}

@@ -1,0 +1,277 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/l4xds/l4xds/pkg/datapath/bpf"
+)
+
+// LinksDir holds a pinned tcx link per device, named after the device,
+// under <bpf-root>/l4xds.
+const LinksDir = "links"
+
+// bpfFSMagic is BPF_FS_MAGIC, the statfs type of a BPF filesystem.
+const bpfFSMagic = 0xcafe4a11
+
+// Datapath is the loaded programs and maps and their links to the devices.
+// Everything is pinned: closing it (the agent stopping or crashing) leaves
+// the programs attached and forwarding with the maps as they are.
+type Datapath struct {
+	Maps *Maps
+
+	dir   string
+	objs  bpf.L4xdsObjects
+	links []link.Link
+}
+
+// Load loads the datapath with the maps pinned under <cfg.BPFRoot>/l4xds,
+// reusing the maps already pinned there, and attaches the program to
+// cfg.Devices, replacing the program of links already pinned (no gap).
+// Links of devices no longer in cfg.Devices are detached.
+func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("raise the memlock limit: %w", err)
+	}
+	if err := ensureBPFFS(log, cfg.BPFRoot); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(cfg.BPFRoot, PinDir)
+	if err := os.MkdirAll(filepath.Join(dir, LinksDir), 0o755); err != nil {
+		return nil, err
+	}
+
+	spec, err := bpf.LoadL4xds()
+	if err != nil {
+		return nil, err
+	}
+	size := uint32(cfg.LBMaglevTableSize)
+	if err := spec.Variables[bpf.L4xdsVarMaglevSize].Set(size); err != nil {
+		return nil, fmt.Errorf("set %s: %w", bpf.L4xdsVarMaglevSize, err)
+	}
+	inner := spec.Maps[bpf.L4xdsMapL4xdsMaglev].InnerMap
+	inner.MaxEntries = size
+	if err := unpinIncompatible(log, spec, dir); err != nil {
+		return nil, err
+	}
+
+	d := &Datapath{dir: dir}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
+	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+		return nil, fmt.Errorf("load the datapath: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
+	if d.Maps, err = newMaps(&d.objs.L4xdsMaps, inner.Copy()); err != nil {
+		return nil, err
+	}
+	if err := d.attach(log, cfg.Devices); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Close closes the handles; the pins, and with them the links and maps,
+// stay.
+func (d *Datapath) Close() error {
+	var errs []error
+	for _, l := range d.links {
+		errs = append(errs, l.Close())
+	}
+	d.links = nil
+	errs = append(errs, d.objs.Close())
+	return errors.Join(errs...)
+}
+
+// ensureBPFFS mounts a BPF filesystem at root unless there is one, as
+// Cilium does: the pins live there.
+func ensureBPFFS(log *slog.Logger, root string) error {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("--bpf-root: %w", err)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(root, &st); err != nil {
+		return fmt.Errorf("--bpf-root: statfs %s: %w", root, err)
+	}
+	if uint32(st.Type) == bpfFSMagic {
+		return nil
+	}
+	if err := syscall.Mount("bpffs", root, "bpf", 0, ""); err != nil {
+		return fmt.Errorf("--bpf-root: %s is not a BPF filesystem, and mounting one failed: %w", root, err)
+	}
+	log.Info("Mounted a BPF filesystem at --bpf-root", "path", root)
+	return nil
+}
+
+// unpinIncompatible removes the pins of maps whose layout differs from
+// spec (a new agent version, or --lb-maglev-table-size changed), so that
+// the load creates them anew. Their entries are lost: the reconciler
+// writes them again.
+func unpinIncompatible(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) error {
+	for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
+		ms := spec.Maps[name]
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("open pinned map %s: %w", path, err)
+		}
+		why := ms.Compatible(m)
+		if why == nil && ms.InnerMap != nil {
+			why = innerCompatible(m, ms.InnerMap)
+		}
+		m.Close()
+		if why == nil {
+			continue
+		}
+		if !errors.Is(why, ebpf.ErrMapIncompatible) {
+			return fmt.Errorf("pinned map %s: %w", path, why)
+		}
+		log.Warn("Pinned map is incompatible with this agent's; recreating it", "map", name, "reason", why)
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("unpin map %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// innerCompatible reports whether outer takes inner maps of spec: the
+// kernel compares an inner array's size with the one the outer map was
+// created with, which the map's info does not show. It tries with the
+// reserved service ID 0, which the programs never look up.
+func innerCompatible(outer *ebpf.Map, spec *ebpf.MapSpec) error {
+	inner, err := ebpf.NewMap(spec)
+	if err != nil {
+		return fmt.Errorf("create an inner map: %w", err)
+	}
+	defer inner.Close()
+	const probe = uint32(0)
+	if err := outer.Put(probe, inner); err != nil {
+		if errors.Is(err, syscall.EINVAL) {
+			return fmt.Errorf("inner map: MaxEntries is not %d: %w", spec.MaxEntries, ebpf.ErrMapIncompatible)
+		}
+		return fmt.Errorf("probe the inner map: %w", err)
+	}
+	return outer.Delete(probe)
+}
+
+// attach attaches the program to every device through a pinned link, and
+// detaches the links of devices that are no longer listed.
+func (d *Datapath) attach(log *slog.Logger, devices []string) error {
+	linksDir := filepath.Join(d.dir, LinksDir)
+	for _, dev := range devices {
+		iface, err := net.InterfaceByName(dev)
+		if err != nil {
+			return fmt.Errorf("--devices: %s: %w", dev, err)
+		}
+		l, err := attachDevice(log, d.objs.L4xdsIngress, iface, filepath.Join(linksDir, dev))
+		if err != nil {
+			return fmt.Errorf("--devices: %s: %w", dev, err)
+		}
+		d.links = append(d.links, l)
+	}
+	if len(devices) == 0 {
+		log.Warn("No --devices: the datapath is loaded but attached to no interface")
+	}
+
+	pins, err := os.ReadDir(linksDir)
+	if err != nil {
+		return err
+	}
+	for _, pin := range pins {
+		if slices.Contains(devices, pin.Name()) {
+			continue
+		}
+		if err := unpinLink(filepath.Join(linksDir, pin.Name())); err != nil {
+			return fmt.Errorf("detach from %s, which is no longer in --devices: %w", pin.Name(), err)
+		}
+		log.Info("Detached from a device no longer in --devices", "device", pin.Name())
+	}
+	return nil
+}
+
+// attachDevice updates the program of the device's pinned link, or
+// attaches it with a new pinned link.
+func attachDevice(log *slog.Logger, prog *ebpf.Program, iface *net.Interface, pin string) (link.Link, error) {
+	l, err := link.LoadPinnedLink(pin, nil)
+	switch {
+	case err == nil:
+		if linkedTo(l, iface) {
+			if err := l.Update(prog); err != nil {
+				l.Close()
+				return nil, fmt.Errorf("update the program of pinned link %s: %w", pin, err)
+			}
+			log.Info("Datapath program replaced on the pinned link", "device", iface.Name)
+			return l, nil
+		}
+		// The device was deleted and created again: the link is defunct.
+		log.Info("Pinned link is not attached to the device any more; attaching anew", "device", iface.Name)
+		unpinErr := l.Unpin()
+		l.Close()
+		if unpinErr != nil {
+			return nil, fmt.Errorf("unpin stale link %s: %w", pin, unpinErr)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("load pinned link %s: %w", pin, err)
+	}
+
+	l, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		return nil, fmt.Errorf("attach tcx ingress: %w", err)
+	}
+	if err := l.Pin(pin); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("pin link at %s: %w", pin, err)
+	}
+	log.Info("Datapath program attached", "device", iface.Name, "hook", "tcx ingress")
+	return l, nil
+}
+
+// linkedTo reports whether l is a tcx ingress link of iface.
+func linkedTo(l link.Link, iface *net.Interface) bool {
+	info, err := l.Info()
+	if err != nil || info.TCX() == nil {
+		return false
+	}
+	tcx := info.TCX()
+	return int(tcx.Ifindex) == iface.Index && ebpf.AttachType(tcx.AttachType) == ebpf.AttachTCXIngress
+}
+
+// unpinLink removes a pinned link, which detaches its program unless
+// someone else holds the link open.
+func unpinLink(pin string) error {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if err != nil {
+		// Not a link (or already gone): the pin alone is in the way.
+		if rmErr := os.Remove(pin); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+			return errors.Join(err, rmErr)
+		}
+		return nil
+	}
+	defer l.Close()
+	if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) && !errors.Is(err, syscall.ENOLINK) {
+		return err
+	}
+	return l.Unpin()
+}

@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/l4xds/l4xds/pkg/datapath/bpf"
+	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+func testConfig(root string, devices ...string) Config {
+	return Config{Datapath: "bpf", BPFRoot: root, Devices: devices, LBMaglevTableSize: 1021}
+}
+
+func load(t *testing.T, cfg Config) *Datapath {
+	t.Helper()
+	log, _ := testLogger(t)
+	dp, err := Load(log, cfg)
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	return dp
+}
+
+func TestPrivilegedLoadAttachesOnceAndReloadsInPlace(t *testing.T) {
+	needRoot(t)
+	root, dev := bpffs(t), testDevice(t)
+	cfg := testConfig(root, dev)
+
+	dp := load(t, cfg)
+	progs := tcxIngress(t, dev)
+	if len(progs) != 1 {
+		t.Fatalf("%d programs at the tcx ingress of %s, want 1", len(progs), dev)
+	}
+	linkID, ok := progs[0].LinkID()
+	if !ok {
+		t.Fatal("the program is not attached through a link")
+	}
+	firstProg := progs[0].ID
+	if _, err := os.Stat(filepath.Join(root, PinDir, LinksDir, dev)); err != nil {
+		t.Errorf("link pin: %v", err)
+	}
+	for _, name := range []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsBackends, bpf.L4xdsMapL4xdsMaglev, bpf.L4xdsMapL4xdsCt} {
+		if _, err := os.Stat(filepath.Join(root, PinDir, name)); err != nil {
+			t.Errorf("map pin: %v", err)
+		}
+	}
+	entry := backendToBPF(5, netip.MustParseAddrPort("192.168.1.10:3306"), lb.BackendStateActive)
+	if err := dp.Maps.putBackend(42, entry); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The agent is down: the program stays attached.
+	if progs := tcxIngress(t, dev); len(progs) != 1 || progs[0].ID != firstProg {
+		t.Fatalf("after close: programs %+v, want only program %d", progs, firstProg)
+	}
+
+	// A second start updates the same link and reuses the maps.
+	dp = load(t, cfg)
+	progs = tcxIngress(t, dev)
+	if len(progs) != 1 {
+		t.Fatalf("after reload: %d programs at the tcx ingress, want 1", len(progs))
+	}
+	if id, _ := progs[0].LinkID(); id != linkID {
+		t.Errorf("after reload: link %d, want the pinned link %d updated", id, linkID)
+	}
+	if progs[0].ID == firstProg {
+		t.Errorf("after reload: still program %d, want the new one", firstProg)
+	}
+	var got bpf.L4xdsLbBackend
+	if err := dp.Maps.backends.Lookup(uint32(42), &got); err != nil || got != entry {
+		t.Errorf("backend written before the reload: %+v, %v", got, err)
+	}
+	dp.Close()
+
+	// The device leaves --devices: its link is detached and unpinned.
+	dp = load(t, testConfig(root))
+	dp.Close()
+	if progs := tcxIngress(t, dev); len(progs) != 0 {
+		t.Errorf("device no longer in --devices: %d programs still attached", len(progs))
+	}
+	if _, err := os.Stat(filepath.Join(root, PinDir, LinksDir, dev)); !os.IsNotExist(err) {
+		t.Errorf("link pin of a removed device: %v", err)
+	}
+}
+
+func TestPrivilegedLoadReattachesToARecreatedDevice(t *testing.T) {
+	needRoot(t)
+	root, dev := bpffs(t), testDevice(t)
+	load(t, testConfig(root, dev)).Close()
+	// Deleting the device detaches the link; a device of the same name
+	// comes back with another index.
+	for _, args := range [][]string{{"link", "del", dev}, {"link", "add", dev, "type", "veth", "peer", "name", dev + "p"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	log, logs := testLogger(t)
+	dp, err := Load(log, testConfig(root, dev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	if progs := tcxIngress(t, dev); len(progs) != 1 {
+		t.Errorf("recreated device: %d programs attached, want 1", len(progs))
+	}
+	if !strings.Contains(logs.String(), "Pinned link is not attached to the device any more") {
+		t.Error("the stale link of the deleted device was not replaced")
+	}
+}
+
+func TestPrivilegedLoadNamesAMissingDevice(t *testing.T) {
+	needRoot(t)
+	log, _ := testLogger(t)
+	_, err := Load(log, testConfig(bpffs(t), "l4xt-missing"))
+	if err == nil || !strings.Contains(err.Error(), "--devices: l4xt-missing") {
+		t.Errorf("missing device: %v", err)
+	}
+}
+
+func TestPrivilegedLoadMountsABPFFilesystem(t *testing.T) {
+	needRoot(t)
+	root := filepath.Join(t.TempDir(), "bpf")
+	log, logs := testLogger(t)
+	t.Cleanup(func() { syscall.Unmount(root, syscall.MNT_DETACH) })
+	dp, err := Load(log, testConfig(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(root, &st); err != nil || uint32(st.Type) != bpfFSMagic {
+		t.Errorf("%s is not a BPF filesystem after load (%v)", root, err)
+	}
+	if !strings.Contains(logs.String(), "Mounted a BPF filesystem") {
+		t.Errorf("the mount is not logged")
+	}
+}
+
+func TestPrivilegedIncompatibleMaglevSizeRecreatesTheMap(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	dp := load(t, testConfig(root))
+	if err := dp.Maps.putMaglev(7, BuildMaglev(backendsWithWeights(1, 1), 1021)); err != nil {
+		t.Fatal(err)
+	}
+	kept := backendToBPF(7, netip.MustParseAddrPort("192.168.1.10:80"), lb.BackendStateActive)
+	if err := dp.Maps.putBackend(1, kept); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+
+	cfg := testConfig(root)
+	cfg.LBMaglevTableSize = 2039
+	log, logs := testLogger(t)
+	dp, err := Load(log, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	var warned []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "incompatible") {
+			warned = append(warned, line)
+		}
+	}
+	if len(warned) != 1 || !strings.Contains(warned[0], "map="+bpf.L4xdsMapL4xdsMaglev) || !strings.Contains(warned[0], "MaxEntries is not 2039") {
+		t.Errorf("want one warning naming %s and why, got %q", bpf.L4xdsMapL4xdsMaglev, warned)
+	}
+	if _, ok, err := dp.Maps.MaglevTable(7); ok || err != nil {
+		t.Errorf("the old table survived the size change (%v)", err)
+	}
+	if err := dp.Maps.putMaglev(7, BuildMaglev(backendsWithWeights(1, 1), 2039)); err != nil {
+		t.Fatalf("a table of the new size: %v", err)
+	}
+	if table, _, err := dp.Maps.MaglevTable(7); err != nil || len(table) != 2039 {
+		t.Errorf("table of %d slots (%v), want 2039", len(table), err)
+	}
+	var got bpf.L4xdsLbBackend
+	if err := dp.Maps.backends.Lookup(uint32(1), &got); err != nil || got != kept {
+		t.Errorf("a compatible map lost its entries: %+v, %v", got, err)
+	}
+}

@@ -1,0 +1,387 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"iter"
+	"net/netip"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/l4xds/l4xds/pkg/datapath/bpf"
+	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+// PinDir is the directory of the pinned maps and links under the BPF
+// filesystem root (--bpf-root).
+const PinDir = "l4xds"
+
+// Maps are the datapath's maps. The agent writes them through the
+// reconciler; the read methods below are for inspection (l4xds-dbg, tests)
+// and work on the pinned maps of a running or stopped agent (OpenPinnedMaps).
+type Maps struct {
+	services *ebpf.Map
+	backends *ebpf.Map
+	maglev   *ebpf.Map
+	srcRange *ebpf.Map
+	vips     *ebpf.Map
+	stats    *ebpf.Map
+
+	// maglevInner makes the per-service tables (nil when opened read-only).
+	maglevInner *ebpf.MapSpec
+	possibleCPU int
+}
+
+func newMaps(objs *bpf.L4xdsMaps, maglevInner *ebpf.MapSpec) (*Maps, error) {
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, err
+	}
+	return &Maps{
+		services:    objs.L4xdsServices,
+		backends:    objs.L4xdsBackends,
+		maglev:      objs.L4xdsMaglev,
+		srcRange:    objs.L4xdsSrcrange,
+		vips:        objs.L4xdsVips,
+		stats:       objs.L4xdsStats,
+		maglevInner: maglevInner,
+		possibleCPU: cpus,
+	}, nil
+}
+
+// OpenPinnedMaps opens the maps pinned under <bpfRoot>/l4xds for reading.
+func OpenPinnedMaps(bpfRoot string) (*Maps, error) {
+	dir := filepath.Join(bpfRoot, PinDir)
+	var objs bpf.L4xdsMaps
+	for _, p := range []struct {
+		name string
+		m    **ebpf.Map
+	}{
+		{bpf.L4xdsMapL4xdsServices, &objs.L4xdsServices},
+		{bpf.L4xdsMapL4xdsBackends, &objs.L4xdsBackends},
+		{bpf.L4xdsMapL4xdsMaglev, &objs.L4xdsMaglev},
+		{bpf.L4xdsMapL4xdsSrcrange, &objs.L4xdsSrcrange},
+		{bpf.L4xdsMapL4xdsVips, &objs.L4xdsVips},
+		{bpf.L4xdsMapL4xdsStats, &objs.L4xdsStats},
+	} {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, p.name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			closeMaps(&objs)
+			return nil, fmt.Errorf("open pinned map %s: %w", p.name, err)
+		}
+		*p.m = m
+	}
+	return newMaps(&objs, nil)
+}
+
+func closeMaps(objs *bpf.L4xdsMaps) {
+	for _, m := range []*ebpf.Map{objs.L4xdsAffinity, objs.L4xdsBackends, objs.L4xdsCt, objs.L4xdsMaglev,
+		objs.L4xdsServices, objs.L4xdsSrcrange, objs.L4xdsStats, objs.L4xdsVips} {
+		if m != nil {
+			m.Close()
+		}
+	}
+}
+
+// Close closes the handles; the pinned maps stay.
+func (m *Maps) Close() error {
+	return errors.Join(m.services.Close(), m.backends.Close(), m.maglev.Close(),
+		m.srcRange.Close(), m.vips.Close(), m.stats.Close())
+}
+
+//
+// Reading, for inspection.
+//
+
+// ServiceEntry is an entry of l4xds_services.
+type ServiceEntry struct {
+	Frontend        lb.L3n4Addr
+	ID              uint32
+	SourceRanges    bool // only clients in the service's source ranges
+	Affinity        bool
+	AffinityTimeout time.Duration
+	// Count is the number of backends in the Maglev table: 0 rejects new
+	// flows.
+	Count uint32
+}
+
+// BackendEntry is an entry of l4xds_backends.
+type BackendEntry struct {
+	ID        uint32
+	Address   netip.AddrPort
+	State     lb.BackendState
+	ServiceID uint32
+}
+
+// SourceRangeEntry is an entry of l4xds_srcrange.
+type SourceRangeEntry struct {
+	ServiceID uint32
+	Prefix    netip.Prefix
+}
+
+// Stats are a service's counters, summed over the CPUs (index 0: what no
+// service can be charged with).
+type Stats struct {
+	Packets, Bytes uint64
+	// Drops by reason, indexed by LB_DROP_* of bpf/l4xds.h.
+	Drops [len(bpf.L4xdsLbStats{}.Drops)]uint64
+}
+
+// collect returns the entries of a map; iterating a hash map while
+// deleting from it may skip entries, so the callers that delete collect
+// first.
+func collect[K, V any](m *ebpf.Map) (keys []K, values []V, err error) {
+	var (
+		k K
+		v V
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys, values = append(keys, k), append(values, v)
+	}
+	if err := it.Err(); err != nil {
+		return nil, nil, fmt.Errorf("iterate %s: %w", mapName(m), err)
+	}
+	return keys, values, nil
+}
+
+func mapName(m *ebpf.Map) string {
+	if info, err := m.Info(); err == nil && info.Name != "" {
+		return info.Name
+	}
+	return m.String()
+}
+
+// Services returns the entries of l4xds_services. An error ends the
+// sequence.
+func (m *Maps) Services() iter.Seq2[ServiceEntry, error] {
+	return func(yield func(ServiceEntry, error) bool) {
+		keys, values, err := collect[bpf.L4xdsLbSvcKey, bpf.L4xdsLbSvc](m.services)
+		if err != nil {
+			yield(ServiceEntry{}, err)
+			return
+		}
+		for i, k := range keys {
+			fe, err := svcKeyFromBPF(k)
+			if err != nil {
+				err = fmt.Errorf("%s: service %d: %w", bpf.L4xdsMapL4xdsServices, values[i].Id, err)
+			}
+			v := values[i]
+			e := ServiceEntry{
+				Frontend:        fe,
+				ID:              v.Id,
+				SourceRanges:    v.Flags&svcFlagSourceRanges != 0,
+				Affinity:        v.Flags&svcFlagAffinity != 0,
+				AffinityTimeout: time.Duration(v.AffinityTimeout) * time.Second,
+				Count:           v.Count,
+			}
+			if !yield(e, err) || err != nil {
+				return
+			}
+		}
+	}
+}
+
+// Backends returns the entries of l4xds_backends. An error ends the
+// sequence.
+func (m *Maps) Backends() iter.Seq2[BackendEntry, error] {
+	return func(yield func(BackendEntry, error) bool) {
+		keys, values, err := collect[uint32, bpf.L4xdsLbBackend](m.backends)
+		if err != nil {
+			yield(BackendEntry{}, err)
+			return
+		}
+		for i, id := range keys {
+			v := values[i]
+			e := BackendEntry{ID: id, Address: backendAddrFromBPF(v), State: lb.BackendState(v.State), ServiceID: v.SvcId}
+			if !yield(e, nil) {
+				return
+			}
+		}
+	}
+}
+
+// SourceRanges returns the entries of l4xds_srcrange. An error ends the
+// sequence.
+func (m *Maps) SourceRanges() iter.Seq2[SourceRangeEntry, error] {
+	return func(yield func(SourceRangeEntry, error) bool) {
+		keys, _, err := collect[bpf.L4xdsLbSrcRangeKey, uint8](m.srcRange)
+		if err != nil {
+			yield(SourceRangeEntry{}, err)
+			return
+		}
+		for _, k := range keys {
+			p, err := srcRangeFromBPF(k)
+			if !yield(SourceRangeEntry{ServiceID: k.SvcId, Prefix: p}, err) || err != nil {
+				return
+			}
+		}
+	}
+}
+
+// VIPs returns l4xds_vips: the number of services of each VIP.
+func (m *Maps) VIPs() (map[netip.Addr]uint32, error) {
+	keys, counts, err := collect[[4]uint32, uint32](m.vips)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[netip.Addr]uint32, len(keys))
+	for i, k := range keys {
+		out[addrFromBPF(k)] = counts[i]
+	}
+	return out, nil
+}
+
+// MaglevTable returns the Maglev table of a service: the backend ID of
+// each slot. ok is false when the service has none.
+func (m *Maps) MaglevTable(svcID uint32) (table []uint32, ok bool, err error) {
+	var inner *ebpf.Map
+	if err := m.maglev.Lookup(svcID, &inner); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("%s: service %d: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+	}
+	defer inner.Close()
+	table = make([]uint32, inner.MaxEntries())
+	for i := range table {
+		if err := inner.Lookup(uint32(i), &table[i]); err != nil {
+			return nil, false, fmt.Errorf("%s: service %d: slot %d: %w", bpf.L4xdsMapL4xdsMaglev, svcID, i, err)
+		}
+	}
+	return table, true, nil
+}
+
+// ServiceStats returns a service's counters summed over the CPUs.
+func (m *Maps) ServiceStats(svcID uint32) (Stats, error) {
+	var perCPU []bpf.L4xdsLbStats
+	if err := m.stats.Lookup(svcID, &perCPU); err != nil {
+		return Stats{}, fmt.Errorf("%s: service %d: %w", bpf.L4xdsMapL4xdsStats, svcID, err)
+	}
+	var s Stats
+	for _, c := range perCPU {
+		s.Packets += c.Packets
+		s.Bytes += c.Bytes
+		for i, d := range c.Drops {
+			s.Drops[i] += d
+		}
+	}
+	return s, nil
+}
+
+//
+// Writing, for the reconciler. Errors name the map and the entry.
+//
+
+func (m *Maps) putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {
+	if err := m.services.Put(&key, &v); err != nil {
+		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, v.Id, err)
+	}
+	return nil
+}
+
+func (m *Maps) deleteService(key bpf.L4xdsLbSvcKey, id uint32) error {
+	if err := m.services.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: service %d: %w", bpf.L4xdsMapL4xdsServices, id, err)
+	}
+	return nil
+}
+
+func (m *Maps) putBackend(id uint32, v bpf.L4xdsLbBackend) error {
+	if err := m.backends.Put(id, &v); err != nil {
+		return fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(v), id, err)
+	}
+	return nil
+}
+
+func (m *Maps) deleteBackend(id uint32) error {
+	if err := m.backends.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: backend id %d: %w", bpf.L4xdsMapL4xdsBackends, id, err)
+	}
+	return nil
+}
+
+// putMaglev writes table into a new inner map and swaps it in: a packet
+// sees either the whole old table or the whole new one.
+func (m *Maps) putMaglev(svcID uint32, table []uint32) error {
+	inner, err := ebpf.NewMap(m.maglevInner)
+	if err != nil {
+		return fmt.Errorf("write %s: service %d: create table: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+	}
+	defer inner.Close()
+	if err := fillArray(inner, table); err != nil {
+		return fmt.Errorf("write %s: service %d: fill table: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+	}
+	if err := m.maglev.Put(svcID, inner); err != nil {
+		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+	}
+	return nil
+}
+
+// fillArray writes values into the array map's slots 0..len-1, in one
+// batch where the kernel supports it.
+func fillArray(m *ebpf.Map, values []uint32) error {
+	keys := make([]uint32, len(values))
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := m.BatchUpdate(keys, values, nil); err == nil {
+		return nil
+	} else if !errors.Is(err, ebpf.ErrNotSupported) {
+		return err
+	}
+	for i, v := range values {
+		if err := m.Put(uint32(i), v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Maps) deleteMaglev(svcID uint32) error {
+	if err := m.maglev.Delete(svcID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: service %d: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+	}
+	return nil
+}
+
+func (m *Maps) putSourceRange(svcID uint32, p netip.Prefix) error {
+	if err := m.srcRange.Put(srcRangeToBPF(svcID, p), uint8(1)); err != nil {
+		return fmt.Errorf("write %s: service %d: %s: %w", bpf.L4xdsMapL4xdsSrcrange, svcID, p, err)
+	}
+	return nil
+}
+
+func (m *Maps) deleteSourceRange(svcID uint32, p netip.Prefix) error {
+	if err := m.srcRange.Delete(srcRangeToBPF(svcID, p)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s: service %d: %s: %w", bpf.L4xdsMapL4xdsSrcrange, svcID, p, err)
+	}
+	return nil
+}
+
+// setVIP writes the number of services of a VIP; 0 deletes its entry.
+func (m *Maps) setVIP(vip netip.Addr, n uint32) error {
+	key := addrToBPF(vip)
+	if n == 0 {
+		if err := m.vips.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from %s: %s: %w", bpf.L4xdsMapL4xdsVips, vip, err)
+		}
+		return nil
+	}
+	if err := m.vips.Put(&key, n); err != nil {
+		return fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vip, err)
+	}
+	return nil
+}
+
+// zeroStats clears the counters of a service ID before it is reused.
+func (m *Maps) zeroStats(svcID uint32) error {
+	if err := m.stats.Put(svcID, make([]bpf.L4xdsLbStats, m.possibleCPU)); err != nil {
+		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, svcID, err)
+	}
+	return nil
+}
