@@ -4,15 +4,21 @@
  * VIP:port/protocol to a backend chosen through the service's weighted
  * Maglev table, reverse-NATs the backends' replies, and keeps flows on
  * their backend through conntrack.
+ *
+ * Per IPv4/IPv6 TCP/UDP packet (anything else passes untouched):
+ *   1. a backend's reply (CT_REPLY hit): source restored to the VIP;
+ *   2. to a VIP:port/proto we serve: source ranges, then the flow's
+ *      backend from conntrack, or a new one (affinity, then Maglev);
+ *      no usable backend: TCP RST / ICMP port unreachable;
+ *   3. to a VIP on a port we do not serve: dropped and counted;
+ *   4. anything else: passed.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
-#include <linux/tcp.h>
 #include <linux/udp.h>
-#include <linux/icmpv6.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -104,9 +110,891 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } l4xds_stats SEC(".maps");
 
+#define NSEC_PER_SEC 1000000000ULL
+
+#define IP_DF 0x4000
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+/* Not from <linux/icmp.h>, which drags in libc headers. */
+#define ICMP_DEST_UNREACH 3
+#define ICMP_PORT_UNREACH 3
+#define ICMPV6_DEST_UNREACH 1
+#define ICMPV6_PORT_UNREACH 4
+#define IPPROTO_ICMPV6_ 58
+
+/* An ICMP or ICMPv6 error header: type, code, checksum, 4 unused bytes. */
+struct icmp_err_hdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	__be32 unused;
+};
+
+/* The 20 fixed bytes of a TCP header, without bit fields. */
+struct tcp_hdr {
+	__be16 source;
+	__be16 dest;
+	__be32 seq;
+	__be32 ack_seq;
+	__u8 doff; /* data offset in the high nibble */
+	__u8 flags;
+	__be16 window;
+	__sum16 check;
+	__be16 urg_ptr;
+};
+
+/* RFC 4443: an ICMPv6 error must fit the minimum IPv6 MTU (1280), so the
+ * quote is at most 1280 - 40 - 8 bytes. */
+#define ICMPV6_QUOTE_MAX 1232
+#define CSUM_CHUNK 64
+
+/* What the parser extracts from a packet. */
+struct pkt {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 v6;
+	__u8 tcp_flags;
+	__u8 has_ports; /* a fragment or a truncated header may have none */
+	__u32 l3_len;   /* IP header length (IPv4 with options) */
+	__u32 l4_len;   /* bytes after the IP header, from the IP header */
+	__u32 l4_hlen;  /* TCP data offset in bytes, 8 for UDP */
+	__be32 seq;
+	__be32 ack_seq;
+};
+
+enum parse_result {
+	PARSE_OK,
+	PARSE_PASS,      /* not ours to look at */
+	PARSE_FRAGMENT,  /* IPv4 fragment */
+	PARSE_MALFORMED, /* truncated or inconsistent L4 header */
+};
+
+static __always_inline int is_v4mapped(const __u32 *a)
+{
+	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0x0000ffff);
+}
+
+static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p,
+				    __u32 off)
+{
+	if (p->proto == IPPROTO_TCP) {
+		struct tcp_hdr th;
+
+		if (p->l4_len < sizeof(th) ||
+		    bpf_skb_load_bytes(skb, off, &th, sizeof(th)) < 0)
+			return PARSE_MALFORMED;
+		p->sport = th.source;
+		p->dport = th.dest;
+		p->has_ports = 1;
+		p->seq = th.seq;
+		p->ack_seq = th.ack_seq;
+		p->tcp_flags = th.flags;
+		p->l4_hlen = (th.doff >> 4) * 4;
+		if (p->l4_hlen < sizeof(th) || p->l4_hlen > p->l4_len)
+			return PARSE_MALFORMED;
+	} else {
+		struct udphdr uh;
+
+		if (p->l4_len < sizeof(uh) ||
+		    bpf_skb_load_bytes(skb, off, &uh, sizeof(uh)) < 0)
+			return PARSE_MALFORMED;
+		p->sport = uh.source;
+		p->dport = uh.dest;
+		p->has_ports = 1;
+		p->l4_hlen = sizeof(uh);
+	}
+	return PARSE_OK;
+}
+
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	struct ethhdr eth;
+	int ret;
+
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+		return PARSE_PASS;
+
+	if (eth.h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+		__u32 tot;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+			return PARSE_PASS;
+		if (ip.version != 4 || ip.ihl < 5)
+			return PARSE_PASS;
+		if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+			return PARSE_PASS;
+		p->proto = ip.protocol;
+		p->saddr[2] = bpf_htonl(0x0000ffff);
+		p->saddr[3] = ip.saddr;
+		p->daddr[2] = bpf_htonl(0x0000ffff);
+		p->daddr[3] = ip.daddr;
+		p->l3_len = ip.ihl * 4;
+		tot = bpf_ntohs(ip.tot_len);
+		if (tot < p->l3_len)
+			return PARSE_MALFORMED;
+		p->l4_len = tot - p->l3_len;
+		/* A later fragment has no L4 header; the first one has, but
+		 * its followers would keep the old addresses. */
+		if (ip.frag_off & bpf_htons(IP_OFFSET))
+			return PARSE_FRAGMENT;
+		ret = parse_l4(skb, p, ETH_HLEN + p->l3_len);
+		if (ip.frag_off & bpf_htons(IP_MF))
+			return PARSE_FRAGMENT;
+		return ret;
+	}
+
+	if (eth.h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+			return PARSE_PASS;
+		if (ip6.version != 6)
+			return PARSE_PASS;
+		/* Extension headers (fragments included) are not parsed. */
+		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
+			return PARSE_PASS;
+		p->v6 = 1;
+		p->proto = ip6.nexthdr;
+		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
+		p->l3_len = sizeof(ip6);
+		p->l4_len = bpf_ntohs(ip6.payload_len);
+		return parse_l4(skb, p, ETH_HLEN + sizeof(ip6));
+	}
+
+	return PARSE_PASS;
+}
+
+/* A deterministic Jenkins-style mix of the 5-tuple (no seed: the Maglev
+ * slot of a flow is the same on every node and in every test). */
+#define rol32(x, k) (((x) << (k)) | ((x) >> (32 - (k))))
+
+#define hash_mix(a, b, c)                         \
+	do {                                      \
+		a -= c; a ^= rol32(c, 4);  c += b; \
+		b -= a; b ^= rol32(a, 6);  a += c; \
+		c -= b; c ^= rol32(b, 8);  b += a; \
+		a -= c; a ^= rol32(c, 16); c += b; \
+		b -= a; b ^= rol32(a, 19); a += c; \
+		c -= b; c ^= rol32(b, 4);  b += a; \
+	} while (0)
+
+#define hash_final(a, b, c)                       \
+	do {                                      \
+		c ^= b; c -= rol32(b, 14);         \
+		a ^= c; a -= rol32(c, 11);         \
+		b ^= a; b -= rol32(a, 25);         \
+		c ^= b; c -= rol32(b, 16);         \
+		a ^= c; a -= rol32(c, 4);          \
+		b ^= a; b -= rol32(a, 14);         \
+		c ^= b; c -= rol32(b, 24);         \
+	} while (0)
+
+#define HASH_INIT 0x4c347d5eU
+
+/* Words are taken as loaded (host order of network-order bytes): saddr[0..3],
+ * daddr[0..3], sport | dport << 16, proto. pkg/datapath/bpf's tests mirror
+ * this function. */
+static __always_inline __u32 flow_hash(const struct pkt *p)
+{
+	__u32 a, b, c;
+
+	a = b = c = HASH_INIT + (10 << 2);
+	a += p->saddr[0]; b += p->saddr[1]; c += p->saddr[2];
+	hash_mix(a, b, c);
+	a += p->saddr[3]; b += p->daddr[0]; c += p->daddr[1];
+	hash_mix(a, b, c);
+	a += p->daddr[2]; b += p->daddr[3];
+	c += (__u32)p->sport | ((__u32)p->dport << 16);
+	hash_mix(a, b, c);
+	a += p->proto;
+	hash_final(a, b, c);
+	return c;
+}
+
+static __always_inline __u16 csum_fold(__u32 csum)
+{
+	csum = (csum & 0xffff) + (csum >> 16);
+	csum = (csum & 0xffff) + (csum >> 16);
+	return (__u16)~csum;
+}
+
+static __always_inline void count_drop(__u32 svc_id, __u64 reason)
+{
+	struct lb_stats *s = bpf_map_lookup_elem(&l4xds_stats, &svc_id);
+
+	if (s && reason < LB_DROP_MAX)
+		s->drops[reason]++;
+}
+
+static __always_inline void count_packet(__u32 svc_id, __u32 len)
+{
+	struct lb_stats *s = bpf_map_lookup_elem(&l4xds_stats, &svc_id);
+
+	if (s) {
+		s->packets++;
+		s->bytes += len;
+	}
+}
+
+static __always_inline __u32 l4_csum_off(const struct pkt *p)
+{
+	return ETH_HLEN + p->l3_len +
+	       (p->proto == IPPROTO_TCP ? offsetof(struct tcp_hdr, check)
+					: offsetof(struct udphdr, check));
+}
+
+/* Rewrites one end of the flow (the destination for DNAT, the source for
+ * reverse NAT) and fixes the checksums incrementally. With
+ * BPF_F_MARK_MANGLED_0 a zero UDP checksum (none, IPv4) stays zero and a
+ * result of zero is written as 0xffff. */
+static __always_inline int nat_rewrite(struct __sk_buff *skb,
+				       const struct pkt *p, int dst,
+				       const __u32 *old_addr,
+				       const __u32 *new_addr, __be16 old_port,
+				       __be16 new_port)
+{
+	__u32 csum_off = l4_csum_off(p);
+	__u64 mm = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__u32 port_off = ETH_HLEN + p->l3_len + (dst ? 2 : 0);
+
+	if (p->v6) {
+		__u32 addr_off = ETH_HLEN + (dst ? offsetof(struct ipv6hdr, daddr)
+						 : offsetof(struct ipv6hdr, saddr));
+		__s64 diff = bpf_csum_diff((__be32 *)old_addr, 16,
+					   (__be32 *)new_addr, 16, 0);
+
+		if (diff < 0)
+			return -1;
+		if (bpf_l4_csum_replace(skb, csum_off, 0, (__u32)diff,
+					BPF_F_PSEUDO_HDR | mm) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, new_addr, 16, 0) < 0)
+			return -1;
+	} else {
+		__u32 addr_off = ETH_HLEN + (dst ? offsetof(struct iphdr, daddr)
+						 : offsetof(struct iphdr, saddr));
+
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
+					old_addr[3], new_addr[3], 4) < 0)
+			return -1;
+		if (bpf_l4_csum_replace(skb, csum_off, old_addr[3], new_addr[3],
+					BPF_F_PSEUDO_HDR | mm | 4) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, &new_addr[3], 4, 0) < 0)
+			return -1;
+	}
+
+	if (old_port != new_port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port,
+					mm | 2) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Checksum of len bytes of the packet from off, seeded with sum: whole
+ * chunks read onto the stack, then the rest zero-padded (padding does not
+ * change a ones' complement sum). */
+__noinline __u32 csum_skb(struct __sk_buff *skb, __u32 off, __u32 len, __u32 sum)
+{
+	__u8 buf[CSUM_CHUNK];
+	__u32 chunks = len / CSUM_CHUNK;
+	__u64 rest = len % CSUM_CHUNK;
+	__s64 s;
+	int i;
+
+	for (i = 0; i < ICMPV6_QUOTE_MAX / CSUM_CHUNK + 1; i++) {
+		if (i >= chunks)
+			break;
+		if (bpf_skb_load_bytes(skb, off + i * CSUM_CHUNK, buf, sizeof(buf)) < 0)
+			return 0;
+		s = bpf_csum_diff(NULL, 0, (__be32 *)buf, sizeof(buf), sum);
+		if (s < 0)
+			return 0;
+		sum = (__u32)s;
+	}
+	/* Keeps clang from folding the checks the verifier needs to see on
+	 * the register passed as length. */
+	asm volatile("" : "+r"(rest));
+	if (rest == 0 || rest >= CSUM_CHUNK)
+		return sum;
+	__builtin_memset(buf, 0, sizeof(buf));
+	if (bpf_skb_load_bytes(skb, off + chunks * CSUM_CHUNK, buf, rest) < 0)
+		return 0;
+	s = bpf_csum_diff(NULL, 0, (__be32 *)buf, sizeof(buf), sum);
+	return s < 0 ? 0 : (__u32)s;
+}
+
+static __always_inline __u32 csum_add_buf(const void *buf, __u32 len,
+					  __u32 seed)
+{
+	__s64 s = bpf_csum_diff(NULL, 0, (__be32 *)buf, len, seed);
+
+	return s < 0 ? 0 : (__u32)s;
+}
+
+/* The reply leaves through the interface it came in on, back to the
+ * sender: swap the MAC addresses. */
+static __always_inline int load_swapped_eth(struct __sk_buff *skb,
+					    struct ethhdr *eth)
+{
+	__u8 tmp[ETH_ALEN];
+
+	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)) < 0)
+		return -1;
+	__builtin_memcpy(tmp, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, tmp, ETH_ALEN);
+	return 0;
+}
+
+/* RFC 793 reset: if the segment carries an ACK the reset takes its
+ * sequence number from it, otherwise it acknowledges the segment. */
+static __always_inline void fill_rst(const struct pkt *p, struct tcp_hdr *th)
+{
+	th->source = p->dport;
+	th->dest = p->sport;
+	th->doff = 5 << 4;
+	if (p->tcp_flags & TCP_ACK) {
+		th->seq = p->ack_seq;
+		th->flags = TCP_RST;
+	} else {
+		__u32 seglen = p->l4_len - p->l4_hlen;
+
+		if (p->tcp_flags & TCP_SYN)
+			seglen++;
+		if (p->tcp_flags & TCP_FIN)
+			seglen++;
+		th->ack_seq = bpf_htonl(bpf_ntohl(p->seq) + seglen);
+		th->flags = TCP_RST | TCP_ACK;
+	}
+}
+
+static __always_inline int reject_tcp4(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ethhdr eth;
+	struct {
+		struct iphdr ip;
+		struct tcp_hdr tcp;
+	} h = {};
+	struct {
+		__be32 saddr;
+		__be32 daddr;
+		__u8 zero;
+		__u8 proto;
+		__be16 len;
+	} ph = {};
+	__u32 sum;
+
+	if (load_swapped_eth(skb, &eth) < 0)
+		return -1;
+	h.ip.version = 4;
+	h.ip.ihl = 5;
+	h.ip.tot_len = bpf_htons(sizeof(h));
+	h.ip.frag_off = bpf_htons(IP_DF);
+	h.ip.ttl = 64;
+	h.ip.protocol = IPPROTO_TCP;
+	h.ip.saddr = p->daddr[3];
+	h.ip.daddr = p->saddr[3];
+	h.ip.check = csum_fold(csum_add_buf(&h.ip, sizeof(h.ip), 0));
+	fill_rst(p, &h.tcp);
+	ph.saddr = h.ip.saddr;
+	ph.daddr = h.ip.daddr;
+	ph.proto = IPPROTO_TCP;
+	ph.len = bpf_htons(sizeof(h.tcp));
+	sum = csum_add_buf(&ph, sizeof(ph), 0);
+	h.tcp.check = csum_fold(csum_add_buf(&h.tcp, sizeof(h.tcp), sum));
+
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(h), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* The IPv6 pseudo-header after the two addresses. */
+struct pseudo6_tail {
+	__be32 len;
+	__u8 zero[3];
+	__u8 nexthdr;
+};
+
+static __always_inline void fill_ip6(struct ipv6hdr *ip6, const struct pkt *p,
+				     __u16 payload_len, __u8 nexthdr)
+{
+	ip6->version = 6;
+	ip6->payload_len = bpf_htons(payload_len);
+	ip6->nexthdr = nexthdr;
+	ip6->hop_limit = 64;
+	__builtin_memcpy(&ip6->saddr, p->daddr, 16);
+	__builtin_memcpy(&ip6->daddr, p->saddr, 16);
+}
+
+static __always_inline int reject_tcp6(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ethhdr eth;
+	struct {
+		struct ipv6hdr ip6;
+		struct tcp_hdr tcp;
+	} h = {};
+	struct pseudo6_tail pt = {};
+	__u32 sum;
+
+	if (load_swapped_eth(skb, &eth) < 0)
+		return -1;
+	fill_ip6(&h.ip6, p, sizeof(h.tcp), IPPROTO_TCP);
+	fill_rst(p, &h.tcp);
+	pt.len = bpf_htonl(sizeof(h.tcp));
+	pt.nexthdr = IPPROTO_TCP;
+	sum = csum_add_buf(&h.ip6.saddr, 32, 0);
+	sum = csum_add_buf(&pt, sizeof(pt), sum);
+	h.tcp.check = csum_fold(csum_add_buf(&h.tcp, sizeof(h.tcp), sum));
+
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(h), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* ICMP port unreachable quoting the IP header and the first 8 bytes of
+ * its payload (RFC 792): trim the packet to the quote, then open room for
+ * the new IP and ICMP headers between L2 and the quote. */
+static __always_inline int reject_udp4(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ethhdr eth;
+	struct {
+		struct iphdr ip;
+		struct icmp_err_hdr icmp;
+	} h = {};
+	__u32 quote = p->l3_len + 8;
+	__u32 sum;
+
+	if (quote > 60 + 8 || load_swapped_eth(skb, &eth) < 0)
+		return -1;
+	h.ip.version = 4;
+	h.ip.ihl = 5;
+	h.ip.tot_len = bpf_htons(sizeof(h) + quote);
+	h.ip.ttl = 64;
+	h.ip.protocol = IPPROTO_ICMP;
+	h.ip.saddr = p->daddr[3];
+	h.ip.daddr = p->saddr[3];
+	h.ip.check = csum_fold(csum_add_buf(&h.ip, sizeof(h.ip), 0));
+	h.icmp.type = ICMP_DEST_UNREACH;
+	h.icmp.code = ICMP_PORT_UNREACH;
+	sum = csum_add_buf(&h.icmp, sizeof(h.icmp), 0);
+	h.icmp.checksum = csum_fold(csum_skb(skb, ETH_HLEN, quote, sum));
+
+	if (bpf_skb_change_tail(skb, ETH_HLEN + quote, 0) < 0 ||
+	    bpf_skb_adjust_room(skb, sizeof(h), BPF_ADJ_ROOM_MAC, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* ICMPv6 port unreachable quoting as much of the packet as fits the
+ * minimum IPv6 MTU (RFC 4443 2.4). */
+static __always_inline int reject_udp6(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ethhdr eth;
+	struct {
+		struct ipv6hdr ip6;
+		struct icmp_err_hdr icmp;
+	} h = {};
+	struct pseudo6_tail pt = {};
+	__u32 quote = sizeof(struct ipv6hdr) + p->l4_len;
+	__u32 sum;
+
+	if (skb->len < ETH_HLEN + sizeof(struct ipv6hdr) + 8)
+		return -1;
+	if (quote > skb->len - ETH_HLEN)
+		quote = skb->len - ETH_HLEN;
+	if (quote > ICMPV6_QUOTE_MAX)
+		quote = ICMPV6_QUOTE_MAX;
+	if (load_swapped_eth(skb, &eth) < 0)
+		return -1;
+	fill_ip6(&h.ip6, p, sizeof(h.icmp) + quote, IPPROTO_ICMPV6_);
+	h.icmp.type = ICMPV6_DEST_UNREACH;
+	h.icmp.code = ICMPV6_PORT_UNREACH;
+	pt.len = bpf_htonl(sizeof(h.icmp) + quote);
+	pt.nexthdr = IPPROTO_ICMPV6_;
+	sum = csum_add_buf(&h.ip6.saddr, 32, 0);
+	sum = csum_add_buf(&pt, sizeof(pt), sum);
+	sum = csum_add_buf(&h.icmp, sizeof(h.icmp), sum);
+	/* The quote starts 8 bytes (even) into the ICMPv6 message. */
+	h.icmp.checksum = csum_fold(csum_skb(skb, ETH_HLEN, quote, sum));
+
+	if (bpf_skb_change_tail(skb, ETH_HLEN + quote, 0) < 0 ||
+	    bpf_skb_adjust_room(skb, sizeof(h), BPF_ADJ_ROOM_MAC, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* No usable backend: tell the client at once instead of letting it time
+ * out. A RST is never answered. (A global function: verified once, not for
+ * every path that leads here.) */
+__noinline int reject(struct __sk_buff *skb, const struct pkt *p)
+{
+	int err;
+
+	if (!p)
+		return TCX_DROP;
+	if (p->proto == IPPROTO_TCP) {
+		if (p->tcp_flags & TCP_RST)
+			return TCX_DROP;
+		err = p->v6 ? reject_tcp6(skb, p) : reject_tcp4(skb, p);
+	} else {
+		err = p->v6 ? reject_udp6(skb, p) : reject_udp4(skb, p);
+	}
+	if (err < 0)
+		return TCX_DROP;
+	bpf_redirect(skb->ifindex, 0);
+	return TCX_REDIRECT;
+}
+
+static __always_inline int tcp_closing(const struct pkt *p)
+{
+	return p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FIN | TCP_RST));
+}
+
+static __always_inline int ct_expired(const struct lb_ct_entry *e,
+				      const struct pkt *p, __u64 now)
+{
+	__u64 lifetime = CT_LIFETIME_NONTCP;
+
+	if (p->proto == IPPROTO_TCP)
+		lifetime = (e->flags & CT_F_CLOSING) ? CT_LIFETIME_TCP_CLOSING
+						     : CT_LIFETIME_TCP;
+	return now - e->last_seen > lifetime * NSEC_PER_SEC;
+}
+
+/* The service a packet is charged to when its headers cannot be handled:
+ * the one on its ports if they are known, else 0 if the destination is a
+ * VIP; -1 for a packet that is not for a VIP. */
+__noinline int vip_service(const struct pkt *p)
+{
+	if (!p)
+		return -1;
+	if (p->has_ports) {
+		struct lb_svc_key key = {
+			.port = p->dport,
+			.proto = p->proto,
+		};
+		struct lb_svc *svc;
+
+		__builtin_memcpy(key.addr, p->daddr, 16);
+		svc = bpf_map_lookup_elem(&l4xds_services, &key);
+		if (svc)
+			return svc->id & 0x7fffffff;
+	}
+	return bpf_map_lookup_elem(&l4xds_vips, p->daddr) ? 0 : -1;
+}
+
+/* Fragments and truncated headers are dropped when they are for a VIP,
+ * and passed otherwise. */
+static __always_inline int drop_if_vip(const struct pkt *p, __u32 reason)
+{
+	int svc_id = vip_service(p);
+
+	if (svc_id < 0)
+		return TCX_NEXT;
+	count_drop(svc_id, reason);
+	return TCX_DROP;
+}
+
+/* Verdicts of the steps below that let the packet go on to the next one. */
+#define VERDICT_CONTINUE -100
+#define VERDICT_REJECT -101
+
+/* A backend's reply: restore the VIP as source. The entries of a flow are
+ * refreshed (and marked closing) from either direction, at most once a
+ * second. */
+__noinline int handle_reply(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct lb_ct_key key = { .dir = CT_REPLY };
+	struct lb_ct_entry *e;
+	__u32 vip[4];
+	__be16 vip_port;
+	__u32 svc_id;
+	__u64 now;
+	int closing;
+
+	if (!p)
+		return TCX_DROP;
+	__builtin_memcpy(key.saddr, p->saddr, 16);
+	__builtin_memcpy(key.daddr, p->daddr, 16);
+	key.sport = p->sport;
+	key.dport = p->dport;
+	key.proto = p->proto;
+	e = bpf_map_lookup_elem(&l4xds_ct, &key);
+	if (!e)
+		return VERDICT_CONTINUE;
+
+	__builtin_memcpy(vip, e->vip, 16);
+	vip_port = e->vip_port;
+	svc_id = e->svc_id;
+	if (is_v4mapped(vip) == p->v6)
+		return TCX_NEXT;
+
+	now = bpf_ktime_get_ns();
+	closing = tcp_closing(p) && !(e->flags & CT_F_CLOSING);
+	if (closing || now - e->last_seen >= NSEC_PER_SEC) {
+		struct lb_ct_key fk = {
+			.sport = p->dport,
+			.dport = vip_port,
+			.proto = p->proto,
+			.dir = CT_FORWARD,
+		};
+		struct lb_ct_entry *f;
+
+		e->last_seen = now;
+		if (closing)
+			e->flags |= CT_F_CLOSING;
+		__builtin_memcpy(fk.saddr, p->daddr, 16);
+		__builtin_memcpy(fk.daddr, vip, 16);
+		f = bpf_map_lookup_elem(&l4xds_ct, &fk);
+		if (f) {
+			f->last_seen = now;
+			if (closing)
+				f->flags |= CT_F_CLOSING;
+		}
+	}
+
+	if (nat_rewrite(skb, p, 0, p->saddr, vip, p->sport, vip_port) < 0)
+		return TCX_DROP;
+	count_packet(svc_id, skb->len);
+	return TCX_NEXT;
+}
+
+/* The backend of an existing flow, if the flow may keep it: whatever its
+ * state (a terminating backend drains), as long as it still belongs to the
+ * service. */
+static __always_inline struct lb_backend *
+ct_backend(const struct pkt *p, struct lb_ct_entry *e, __u32 svc_id, __u64 now)
+{
+	struct lb_backend *be;
+
+	if (!e || e->svc_id != svc_id || ct_expired(e, p, now))
+		return NULL;
+	/* A new connection on the ports of one that closed. */
+	if ((e->flags & CT_F_CLOSING) && p->proto == IPPROTO_TCP &&
+	    (p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN)
+		return NULL;
+	be = bpf_map_lookup_elem(&l4xds_backends, &e->backend_id);
+	if (!be || be->svc_id != svc_id || is_v4mapped(be->addr) == p->v6)
+		return NULL;
+	return be;
+}
+
+static __always_inline struct lb_backend *
+affinity_backend(const struct pkt *p, __u32 svc_id, __u32 timeout, __u64 now,
+		 __u32 *backend_id)
+{
+	struct lb_affinity_key key = { .svc_id = svc_id };
+	struct lb_affinity *a;
+	struct lb_backend *be;
+
+	__builtin_memcpy(key.client, p->saddr, 16);
+	a = bpf_map_lookup_elem(&l4xds_affinity, &key);
+	if (!a || now - a->last_used > (__u64)timeout * NSEC_PER_SEC)
+		return NULL;
+	*backend_id = a->backend_id;
+	be = bpf_map_lookup_elem(&l4xds_backends, backend_id);
+	if (!be || be->svc_id != svc_id || be->state != LB_BACKEND_ACTIVE ||
+	    is_v4mapped(be->addr) == p->v6)
+		return NULL;
+	return be;
+}
+
+/* A packet for a VIP:port/proto: the service's backend for the flow. */
+__noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct lb_svc_key sk = {};
+	struct lb_svc *svc;
+	__u32 svc_id, svc_flags, svc_count, affinity_timeout;
+	__u32 backend_id = 0;
+	__u32 baddr[4];
+	__be16 bport;
+	struct lb_ct_key fk = { .dir = CT_FORWARD };
+	struct lb_ct_key rk = { .dir = CT_REPLY };
+	struct lb_ct_entry ce = {};
+	struct lb_ct_entry *e;
+	struct lb_backend *be;
+	__u64 now;
+
+	if (!p)
+		return TCX_DROP;
+	__builtin_memcpy(sk.addr, p->daddr, 16);
+	sk.port = p->dport;
+	sk.proto = p->proto;
+	svc = bpf_map_lookup_elem(&l4xds_services, &sk);
+	if (!svc)
+		return VERDICT_CONTINUE;
+	svc_id = svc->id;
+	svc_flags = svc->flags;
+	svc_count = svc->count;
+	affinity_timeout = svc->affinity_timeout;
+
+	if (svc_flags & LB_SVC_F_SOURCE_RANGES) {
+		struct lb_src_range_key key = {
+			.prefixlen = 32 + 128,
+			.svc_id = svc_id,
+		};
+
+		__builtin_memcpy(key.addr, p->saddr, 16);
+		if (!bpf_map_lookup_elem(&l4xds_srcrange, &key)) {
+			count_drop(svc_id, LB_DROP_SOURCE_RANGE);
+			return TCX_DROP;
+		}
+	}
+
+	now = bpf_ktime_get_ns();
+	__builtin_memcpy(fk.saddr, p->saddr, 16);
+	__builtin_memcpy(fk.daddr, p->daddr, 16);
+	fk.sport = p->sport;
+	fk.dport = p->dport;
+	fk.proto = p->proto;
+	e = bpf_map_lookup_elem(&l4xds_ct, &fk);
+	be = ct_backend(p, e, svc_id, now);
+	if (be && e) {
+		int closing = tcp_closing(p) && !(e->flags & CT_F_CLOSING);
+
+		backend_id = e->backend_id;
+		__builtin_memcpy(baddr, be->addr, 16);
+		bport = be->port;
+		/* Refreshing the reply entry with the forward one keeps it
+		 * alive in the LRU (and restores it if it was evicted). */
+		if (closing || now - e->last_seen >= NSEC_PER_SEC) {
+			e->last_seen = now;
+			if (closing)
+				e->flags |= CT_F_CLOSING;
+			ce.flags = e->flags;
+			goto store_reply;
+		}
+		goto rewrite;
+	}
+
+	if (!svc_count) {
+		count_drop(svc_id, LB_DROP_NO_BACKEND);
+		return VERDICT_REJECT;
+	}
+
+	be = NULL;
+	if (svc_flags & LB_SVC_F_AFFINITY)
+		be = affinity_backend(p, svc_id, affinity_timeout, now,
+				      &backend_id);
+	if (!be) {
+		__u32 size = maglev_size;
+		__u32 slot;
+		void *table;
+		__u32 *id;
+
+		table = bpf_map_lookup_elem(&l4xds_maglev, &svc_id);
+		if (!table || !size)
+			goto no_backend;
+		slot = flow_hash(p) % size;
+		id = bpf_map_lookup_elem(table, &slot);
+		if (!id)
+			goto no_backend;
+		backend_id = *id;
+		be = bpf_map_lookup_elem(&l4xds_backends, &backend_id);
+		if (!be || be->svc_id != svc_id)
+			goto no_backend;
+		if (is_v4mapped(be->addr) == p->v6) {
+			count_drop(svc_id, LB_DROP_BACKEND_FAMILY);
+			return TCX_DROP;
+		}
+	}
+	__builtin_memcpy(baddr, be->addr, 16);
+	bport = be->port;
+
+	if (svc_flags & LB_SVC_F_AFFINITY) {
+		struct lb_affinity_key ak = { .svc_id = svc_id };
+		struct lb_affinity av = {
+			.last_used = now,
+			.backend_id = backend_id,
+		};
+
+		__builtin_memcpy(ak.client, p->saddr, 16);
+		bpf_map_update_elem(&l4xds_affinity, &ak, &av, BPF_ANY);
+	}
+
+	ce.flags = tcp_closing(p) ? CT_F_CLOSING : 0;
+	ce.last_seen = now;
+	ce.backend_id = backend_id;
+	ce.svc_id = svc_id;
+	bpf_map_update_elem(&l4xds_ct, &fk, &ce, BPF_ANY);
+
+store_reply:
+	ce.last_seen = now;
+	ce.backend_id = backend_id;
+	ce.svc_id = svc_id;
+	__builtin_memcpy(ce.vip, p->daddr, 16);
+	ce.vip_port = p->dport;
+	__builtin_memcpy(rk.saddr, baddr, 16);
+	__builtin_memcpy(rk.daddr, p->saddr, 16);
+	rk.sport = bport;
+	rk.dport = p->sport;
+	rk.proto = p->proto;
+	bpf_map_update_elem(&l4xds_ct, &rk, &ce, BPF_ANY);
+
+rewrite:
+	if (nat_rewrite(skb, p, 1, p->daddr, baddr, p->dport, bport) < 0)
+		return TCX_DROP;
+	count_packet(svc_id, skb->len);
+	return TCX_NEXT;
+
+no_backend:
+	count_drop(svc_id, LB_DROP_NO_BACKEND);
+	return TCX_DROP;
+}
+
 SEC("tcx/ingress")
 int l4xds_ingress(struct __sk_buff *skb)
 {
-	/* TODO: the datapath. */
+	struct pkt p = {};
+	int ret;
+
+	switch (parse(skb, &p)) {
+	case PARSE_OK:
+		break;
+	case PARSE_FRAGMENT:
+		return drop_if_vip(&p, LB_DROP_FRAGMENT);
+	case PARSE_MALFORMED:
+		return drop_if_vip(&p, LB_DROP_MALFORMED);
+	default:
+		return TCX_NEXT;
+	}
+
+	ret = handle_reply(skb, &p);
+	if (ret != VERDICT_CONTINUE)
+		return ret;
+
+	ret = handle_service(skb, &p);
+	if (ret == VERDICT_REJECT)
+		return reject(skb, &p);
+	if (ret != VERDICT_CONTINUE)
+		return ret;
+
+	if (bpf_map_lookup_elem(&l4xds_vips, p.daddr)) {
+		count_drop(0, LB_DROP_UNKNOWN_PORT);
+		return TCX_DROP;
+	}
 	return TCX_NEXT;
 }

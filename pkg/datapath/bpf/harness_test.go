@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// Verdicts as BPF_PROG_RUN reports them (the program's int return value).
+const (
+	verdictNext     = ^uint32(0) // TCX_NEXT (-1)
+	verdictDrop     = 2
+	verdictRedirect = 7
+)
+
+// Drop reasons (LB_DROP_* in l4xds.h).
+const (
+	dropNoBackend = iota
+	dropSourceRange
+	dropUnknownPort
+	dropFragment
+	dropMalformed
+	dropBackendFamily
+)
+
+// Backend states (LB_BACKEND_*) and service flags (LB_SVC_F_*).
+const (
+	backendActive      = 0
+	backendTerminating = 1
+
+	svcSourceRanges = 1 << 0
+	svcAffinity     = 1 << 1
+
+	ctForward   = 0
+	ctReply     = 1
+	ctFClosing  = 1 << 0
+	testMaglevN = 7
+)
+
+// datapath is the program loaded with fresh, unpinned maps.
+type datapath struct {
+	t    *testing.T
+	objs L4xdsObjects
+}
+
+func newDatapath(t *testing.T) *datapath {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loads BPF programs and runs them with BPF_PROG_RUN")
+	}
+	spec, err := LoadL4xds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
+	// LRU maps are preallocated: keep them small in tests.
+	spec.Maps[L4xdsMapL4xdsCt].MaxEntries = 4096
+	spec.Maps[L4xdsMapL4xdsAffinity].MaxEntries = 1024
+	spec.Maps[L4xdsMapL4xdsStats].MaxEntries = 64
+	spec.Maps[L4xdsMapL4xdsMaglev].InnerMap.MaxEntries = testMaglevN
+	if err := spec.Variables[L4xdsVarMaglevSize].Set(uint32(testMaglevN)); err != nil {
+		t.Fatal(err)
+	}
+	d := &datapath{t: t}
+	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			t.Fatalf("load: %+v", ve)
+		}
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { d.objs.Close() })
+	return d
+}
+
+func (d *datapath) must(err error, what string, args ...any) {
+	d.t.Helper()
+	if err != nil {
+		d.t.Fatalf("%s: %v", fmt.Sprintf(what, args...), err)
+	}
+}
+
+// backend is one row of l4xds_backends.
+type backend struct {
+	id    uint32
+	addr  netip.AddrPort
+	state uint8
+}
+
+// service is one frontend with its backends. The Maglev table is filled
+// round robin with the backends' ids unless table is set.
+type service struct {
+	id              uint32
+	vip             netip.AddrPort
+	proto           uint8
+	flags           uint32
+	affinityTimeout uint32
+	backends        []backend
+	table           []uint32
+}
+
+func (d *datapath) addService(s service) {
+	d.t.Helper()
+	key := L4xdsLbSvcKey{Addr: addr(s.vip.Addr()), Port: port(s.vip.Port()), Proto: s.proto}
+	val := L4xdsLbSvc{Id: s.id, Flags: s.flags, Count: uint32(len(s.backends)), AffinityTimeout: s.affinityTimeout}
+	d.must(d.objs.L4xdsServices.Put(&key, &val), "service %s", s.vip)
+	for _, b := range s.backends {
+		d.putBackend(s.id, b)
+	}
+	table := s.table
+	if table == nil && len(s.backends) > 0 {
+		for i := range testMaglevN {
+			table = append(table, s.backends[i%len(s.backends)].id)
+		}
+	}
+	if table != nil {
+		d.setMaglev(s.id, table)
+	}
+	var n uint32
+	vip := addr(s.vip.Addr())
+	_ = d.objs.L4xdsVips.Lookup(&vip, &n)
+	n++
+	d.must(d.objs.L4xdsVips.Put(&vip, &n), "vip %s", s.vip.Addr())
+}
+
+func (d *datapath) putBackend(svcID uint32, b backend) {
+	d.t.Helper()
+	val := L4xdsLbBackend{Addr: addr(b.addr.Addr()), Port: port(b.addr.Port()), State: b.state, SvcId: svcID}
+	d.must(d.objs.L4xdsBackends.Put(b.id, &val), "backend %d", b.id)
+}
+
+func (d *datapath) deleteBackend(id uint32) {
+	d.t.Helper()
+	d.must(d.objs.L4xdsBackends.Delete(id), "delete backend %d", id)
+}
+
+// setMaglev swaps in a new table for the service, as the agent does.
+func (d *datapath) setMaglev(svcID uint32, table []uint32) {
+	d.t.Helper()
+	inner, err := ebpf.NewMap(&ebpf.MapSpec{
+		Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: testMaglevN,
+	})
+	d.must(err, "maglev table of service %d", svcID)
+	defer inner.Close()
+	for i, id := range table {
+		d.must(inner.Put(uint32(i), id), "maglev slot %d", i)
+	}
+	d.must(d.objs.L4xdsMaglev.Put(svcID, inner), "maglev of service %d", svcID)
+}
+
+// allowSource adds a source range of the service.
+func (d *datapath) allowSource(svcID uint32, p netip.Prefix) {
+	d.t.Helper()
+	bits := p.Bits()
+	if p.Addr().Is4() {
+		bits += 96
+	}
+	key := L4xdsLbSrcRangeKey{Prefixlen: 32 + uint32(bits), SvcId: svcID, Addr: addr(p.Masked().Addr())}
+	d.must(d.objs.L4xdsSrcrange.Put(&key, uint8(1)), "source range %s", p)
+}
+
+// run runs the program once on frame.
+func (d *datapath) run(frame []byte) (uint32, []byte) {
+	d.t.Helper()
+	opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256)}
+	verdict, err := d.objs.L4xdsIngress.Run(&opts)
+	d.must(err, "run")
+	return verdict, opts.DataOut
+}
+
+// stats sums the per-CPU counters of a service (0: unknown port).
+func (d *datapath) stats(id uint32) L4xdsLbStats {
+	d.t.Helper()
+	var perCPU []L4xdsLbStats
+	d.must(d.objs.L4xdsStats.Lookup(id, &perCPU), "stats %d", id)
+	var sum L4xdsLbStats
+	for _, s := range perCPU {
+		sum.Packets += s.Packets
+		sum.Bytes += s.Bytes
+		for i := range sum.Drops {
+			sum.Drops[i] += s.Drops[i]
+		}
+	}
+	return sum
+}
+
+func ctKey(src, dst netip.AddrPort, proto, dir uint8) L4xdsLbCtKey {
+	return L4xdsLbCtKey{
+		Saddr: addr(src.Addr()), Daddr: addr(dst.Addr()),
+		Sport: port(src.Port()), Dport: port(dst.Port()),
+		Proto: proto, Dir: dir,
+	}
+}
+
+// ct returns the conntrack entry of a key, if any.
+func (d *datapath) ct(key L4xdsLbCtKey) (L4xdsLbCtEntry, bool) {
+	var e L4xdsLbCtEntry
+	err := d.objs.L4xdsCt.Lookup(&key, &e)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return e, false
+	}
+	d.must(err, "ct lookup")
+	return e, true
+}
+
+func (d *datapath) putCT(key L4xdsLbCtKey, e L4xdsLbCtEntry) {
+	d.t.Helper()
+	d.must(d.objs.L4xdsCt.Put(&key, &e), "ct update")
+}

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bpf
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+var mixedTable = []uint32{1, 2, 2, 1, 2, 1, 1}
+
+// chosen is the backend a forwarded frame went to.
+func chosen(t *testing.T, d *datapath, seg segment, backends ...backend) backend {
+	t.Helper()
+	verdict, out := d.run(seg.frame())
+	if verdict != verdictNext {
+		t.Fatalf("port %d: verdict %d, want TCX_NEXT", seg.src.Port(), int32(verdict))
+	}
+	for _, b := range backends {
+		if bytes.Equal(out, seg.to(b.addr).frame()) {
+			return b
+		}
+	}
+	t.Fatalf("port %d: not forwarded to any backend: %x", seg.src.Port(), out)
+	return backend{}
+}
+
+// maglevChoice is the backend the Maglev table gives a new flow.
+func maglevChoice(seg segment, table []uint32) uint32 {
+	return table[flowHash(seg.src, seg.dst, seg.proto)%testMaglevN]
+}
+
+func TestMaglevSlotFromFlowHash(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		vip      netip.AddrPort
+		client   netip.AddrPort
+		proto    uint8
+		backends []backend
+	}{
+		{"IPv4 TCP", vip4, client4, protoTCP, []backend{be4a, be4b}},
+		{"IPv4 UDP", vip4, client4, protoUDP, []backend{be4a, be4b}},
+		{"IPv6 TCP", vip6, client6, protoTCP, []backend{{id: 1, addr: be6a.addr}, {id: 2, addr: be6b.addr}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDatapath(t)
+			d.addService(service{id: 1, vip: tc.vip, proto: tc.proto, backends: tc.backends, table: mixedTable})
+			seen := map[uint32]int{}
+			for p := uint16(40000); p < 40032; p++ {
+				seg := segment{src: netip.AddrPortFrom(tc.client.Addr(), p), dst: tc.vip, proto: tc.proto, flags: tcpSYN}
+				got := chosen(t, d, seg, tc.backends...)
+				if want := maglevChoice(seg, mixedTable); got.id != want {
+					t.Fatalf("port %d went to backend %d, want %d (slot %d)", p, got.id, want,
+						flowHash(seg.src, seg.dst, seg.proto)%testMaglevN)
+				}
+				seen[got.id]++
+			}
+			if len(seen) != 2 {
+				t.Errorf("32 flows all went to one backend: %v", seen)
+			}
+		})
+	}
+}
+
+func TestSessionAffinity(t *testing.T) {
+	d := newDatapath(t)
+	backends := []backend{be4a, be4b}
+	d.addService(service{id: 1, vip: vip4, proto: protoTCP, flags: svcAffinity, affinityTimeout: 60, backends: backends, table: mixedTable})
+	first := syn(client4, vip4)
+	pinned := chosen(t, d, first, backends...)
+
+	// A client port whose Maglev slot names the other backend (the slot
+	// choice itself is checked by TestMaglevSlotFromFlowHash).
+	var other segment
+	for p := uint16(40001); ; p++ {
+		other = first.sport(p)
+		if maglevChoice(other, mixedTable) != pinned.id {
+			break
+		}
+	}
+	if got := chosen(t, d, other, backends...); got.id != pinned.id {
+		t.Fatalf("new client port went to backend %d, want %d (affinity)", got.id, pinned.id)
+	}
+	key := L4xdsLbAffinityKey{Client: addr(client4.Addr()), SvcId: 1}
+	var a L4xdsLbAffinity
+	d.must(d.objs.L4xdsAffinity.Lookup(&key, &a), "affinity of %s", client4.Addr())
+	if a.BackendId != pinned.id {
+		t.Fatalf("affinity entry names backend %d, want %d", a.BackendId, pinned.id)
+	}
+
+	// Another client has its own choice.
+	if got, want := chosen(t, d, other.from(netip.AddrPortFrom(netip.MustParseAddr("198.51.100.8"), other.src.Port())), backends...).id,
+		maglevChoice(other.from(netip.AddrPortFrom(netip.MustParseAddr("198.51.100.8"), other.src.Port())), mixedTable); got != want {
+		t.Fatalf("another client went to backend %d, want its Maglev choice %d", got, want)
+	}
+
+	// A backend that stops being active loses the affinity for new flows.
+	stopped := pinned
+	stopped.state = backendTerminating
+	d.putBackend(1, stopped)
+	next := other.sport(other.src.Port() + 1000)
+	for maglevChoice(next, mixedTable) == pinned.id {
+		next = next.sport(next.src.Port() + 1)
+	}
+	if got := chosen(t, d, next, backends...); got.id == pinned.id {
+		t.Fatalf("a terminating backend kept getting new flows through affinity")
+	}
+	d.putBackend(1, pinned)
+
+	// An entry older than the timeout is not used.
+	a.LastUsed = monotonicNow(t) - uint64(61*time.Second)
+	a.BackendId = pinned.id
+	d.must(d.objs.L4xdsAffinity.Put(&key, &a), "affinity update")
+	next = next.sport(next.src.Port() + 1)
+	for maglevChoice(next, mixedTable) == pinned.id {
+		next = next.sport(next.src.Port() + 1)
+	}
+	if got := chosen(t, d, next, backends...); got.id == pinned.id {
+		t.Fatalf("an expired affinity still pinned the client")
+	}
+}
+
+func TestTCPCloseMarksBothEntries(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fin  segment // FIN or RST, from either side
+	}{
+		{"FIN from the client", segment{src: client4, dst: vip4, proto: protoTCP, flags: tcpFIN | tcpACK, seq: 1001, ack: 5001}},
+		{"RST from the backend", segment{src: be4a.addr, dst: client4, proto: protoTCP, flags: tcpRST, seq: 5001}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDatapath(t)
+			d.addService(service{id: 1, vip: vip4, proto: protoTCP, backends: []backend{be4a}})
+			if v, _ := d.run(syn(client4, vip4).frame()); v != verdictNext {
+				t.Fatalf("syn: verdict %d", int32(v))
+			}
+			fwd, rep := ctKey(client4, vip4, protoTCP, ctForward), ctKey(be4a.addr, client4, protoTCP, ctReply)
+			for _, k := range []L4xdsLbCtKey{fwd, rep} {
+				if e, ok := d.ct(k); !ok || e.Flags&ctFClosing != 0 {
+					t.Fatalf("entry dir %d before close = %+v (found %v)", k.Dir, e, ok)
+				}
+			}
+			if v, _ := d.run(tc.fin.frame()); v != verdictNext {
+				t.Fatalf("close: verdict %d", int32(v))
+			}
+			for _, k := range []L4xdsLbCtKey{fwd, rep} {
+				if e, ok := d.ct(k); !ok || e.Flags&ctFClosing == 0 {
+					t.Errorf("entry dir %d after close = %+v (found %v), want closing", k.Dir, e, ok)
+				}
+			}
+		})
+	}
+}
