@@ -1,0 +1,386 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/l4xds/l4xds/test/netns"
+)
+
+// The control plane listens here inside the LB namespace, which is new for
+// every topology: the port is free, and stays the same across a restart.
+const controlPlaneAddr = "127.0.0.1:18000"
+
+// Ports every backend serves (l4xds-traffic serve).
+var (
+	servedTCP = []string{":3306", ":53", ":8080"}
+	servedUDP = []string{":53", ":7777"}
+)
+
+// needsPrivileges skips a privileged test that cannot run here and returns
+// the directory of the binaries.
+func needsPrivileges(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, mounts a bpffs and loads eBPF programs")
+	}
+	bin := os.Getenv("L4XDS_BIN")
+	if bin == "" {
+		t.Skip("needs L4XDS_BIN, the directory of the built binaries (make test sets it)")
+	}
+	for _, b := range []string{"l4xds-agent", "l4xds-control-plane", "l4xds-dbg", "l4xds-traffic"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			t.Fatalf("%s is not built in L4XDS_BIN (run make build): %v", b, err)
+		}
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Fatalf("needs ip(8) from iproute2: %v", err)
+	}
+	return bin
+}
+
+// newTopology creates a topology with n backends, deleted when the test
+// ends, failed or not.
+func newTopology(t *testing.T, n int) *netns.Topology {
+	t.Helper()
+	topo, err := netns.New(netns.UniquePrefix(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := topo.Delete(); err != nil {
+			t.Errorf("deleting the topology: %v", err)
+		}
+	})
+	return topo
+}
+
+// mountBPFFS mounts a bpffs on a new temporary directory, in the root mount
+// namespace (ip netns exec remounts only /sys, so the agent sees this one,
+// and its pins survive an agent restart). Unmounted when the test ends.
+func mountBPFFS(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "bpffs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("bpf", dir, "bpf", 0, ""); err != nil {
+		t.Fatalf("mount -t bpf bpf %s: %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// startServers runs l4xds-traffic serve in every backend namespace, named
+// b0, b1, ..., and waits until they listen.
+func startServers(t *testing.T, bin string, topo *netns.Topology) {
+	t.Helper()
+	for i, b := range topo.Backends {
+		args := []string{"serve", "--name", fmt.Sprintf("b%d", i)}
+		for _, a := range servedTCP {
+			args = append(args, "--tcp", a)
+		}
+		for _, a := range servedUDP {
+			args = append(args, "--udp", a)
+		}
+		p := startIn(t, t, b.NS, filepath.Join(bin, "l4xds-traffic"), args...)
+		p.waitOutput(t, "ready", 10*time.Second)
+	}
+}
+
+// nsProc is a process running in a network namespace until it is stopped,
+// killed, or the test ends; its output goes to the test log when the test
+// fails.
+type nsProc struct {
+	name string
+	cmd  *exec.Cmd
+	out  syncBuffer
+	done chan struct{}
+	// killed: the test ended the process on purpose.
+	killed bool
+}
+
+// startIn starts bin in namespace ns; owner (t or a parent of t) stops it
+// when it ends.
+func startIn(t, owner *testing.T, ns, bin string, args ...string) *nsProc {
+	t.Helper()
+	p := &nsProc{name: filepath.Base(bin) + " " + firstArg(args) + " in " + ns, done: make(chan struct{})}
+	p.cmd = netns.Command(context.Background(), ns, bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", p.name, err)
+	}
+	go func() {
+		p.cmd.Wait()
+		close(p.done)
+	}()
+	owner.Cleanup(func() {
+		p.stop()
+		if owner.Failed() {
+			owner.Logf("%s output:\n%s", p.name, tail(p.out.String(), 60))
+		}
+	})
+	return p
+}
+
+func firstArg(args []string) string {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return args[0]
+	}
+	return ""
+}
+
+// stop ends the process with SIGTERM, or SIGKILL after 10 s.
+func (p *nsProc) stop() {
+	if p.exited() {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.kill()
+	}
+}
+
+// kill ends the process with SIGKILL and waits for it.
+func (p *nsProc) kill() {
+	p.killed = true
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+func (p *nsProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitOutput waits until the process has printed want.
+func (p *nsProc) waitOutput(t *testing.T, want string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(p.out.String(), want) {
+		if p.exited() {
+			t.Fatalf("%s exited (%v) before printing %q:\n%s", p.name, p.cmd.ProcessState, want, p.out.String())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not print %q within %s:\n%s", p.name, want, timeout, p.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func tail(s string, lines int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > lines {
+		l = append([]string{fmt.Sprintf("[... %d lines before]", len(l)-lines)}, l[len(l)-lines:]...)
+	}
+	return strings.Join(l, "\n")
+}
+
+// lbEnv is a topology with servers on every backend, the control plane and
+// the agent (BPF datapath) in the LB namespace.
+type lbEnv struct {
+	// top is the test that owns the environment: scenarios run as its
+	// subtests, and processes they restart must outlive them.
+	top       *testing.T
+	bin       string
+	topo      *netns.Topology
+	dir       string
+	bpfRoot   string
+	resources string
+	socket    string
+	cp, agent *nsProc
+}
+
+func newLBEnv(t *testing.T, backends int) *lbEnv {
+	t.Helper()
+	bin := needsPrivileges(t)
+	e := &lbEnv{top: t, bin: bin, dir: t.TempDir()}
+	e.bpfRoot = mountBPFFS(t)
+	e.topo = newTopology(t, backends)
+	startServers(t, bin, e.topo)
+
+	if out, err := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "certs", "--out", e.path("certs")).CombinedOutput(); err != nil {
+		t.Fatalf("l4xds-control-plane certs: %v\n%s", err, out)
+	}
+	e.resources = e.path("resources.yaml")
+	e.socket = e.path("agent.sock")
+	e.apply(t, "# nothing served yet\n")
+	e.startControlPlane(t)
+	e.startAgent(t)
+	e.waitFrontends(t)
+	return e
+}
+
+func (e *lbEnv) path(name string) string { return filepath.Join(e.dir, name) }
+
+func (e *lbEnv) startControlPlane(t *testing.T) {
+	t.Helper()
+	e.cp = startIn(t, e.top, e.topo.LB, filepath.Join(e.bin, "l4xds-control-plane"), "serve",
+		"--resources", e.resources, "--listen", controlPlaneAddr,
+		"--cert", e.path("certs/server.crt"), "--key", e.path("certs/server.key"),
+		"--client-ca", e.path("certs/ca.crt"))
+}
+
+func (e *lbEnv) startAgent(t *testing.T) {
+	t.Helper()
+	e.agent = startIn(t, e.top, e.topo.LB, filepath.Join(e.bin, "l4xds-agent"),
+		"--enable-xds-control-plane", "--xds-server-address", controlPlaneAddr,
+		"--xds-server-name", "localhost", "--xds-node-id", "e2e-lb",
+		"--xds-client-cert-path", e.path("certs/client.crt"),
+		"--xds-client-key-path", e.path("certs/client.key"),
+		"--xds-ca-cert-path", e.path("certs/ca.crt"),
+		"--api-socket", e.socket,
+		"--datapath", "bpf", "--devices", netns.ClientDevice+","+netns.BridgeDevice,
+		"--bpf-root", e.bpfRoot)
+}
+
+// apply replaces the served resources; the control plane picks the file up
+// by its watch. Written by rename, so it never reads half a file.
+func (e *lbEnv) apply(t *testing.T, yaml string) {
+	t.Helper()
+	tmp := e.resources + ".new"
+	if err := os.WriteFile(tmp, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, e.resources); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// serve applies clusters and waits until the datapath has them.
+func (e *lbEnv) serve(t *testing.T, clusters ...cluster) {
+	t.Helper()
+	e.apply(t, resourcesYAML(clusters...))
+	e.waitFrontends(t, clusters...)
+}
+
+// frontendRow is a row of `l4xds-dbg statedb frontends -o json`.
+type frontendRow struct {
+	Address     string
+	ServiceName string
+	Backends    []struct {
+		Address string
+		Weight  int
+		State   string
+	}
+	Status struct {
+		Kind  string  `json:"kind"`
+		Error *string `json:"error"`
+	}
+}
+
+func (e *lbEnv) frontends() ([]frontendRow, string, error) {
+	out, err := exec.Command(filepath.Join(e.bin, "l4xds-dbg"), "--socket", e.socket, "statedb", "frontends", "-o", "json").CombinedOutput()
+	if err != nil {
+		return nil, string(out), fmt.Errorf("l4xds-dbg statedb frontends: %w", err)
+	}
+	var rows []frontendRow
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var r frontendRow
+		if err := dec.Decode(&r); errors.Is(err, io.EOF) {
+			return rows, string(out), nil
+		} else if err != nil {
+			return nil, string(out), fmt.Errorf("decoding frontends: %w", err)
+		}
+		rows = append(rows, r)
+	}
+}
+
+// waitFrontends waits until the frontends table holds exactly the
+// clusters' frontends, each with the clusters' backends (and states) and
+// reconciled into the datapath (status Done).
+func (e *lbEnv) waitFrontends(t *testing.T, clusters ...cluster) {
+	t.Helper()
+	want := map[string][]string{}
+	for _, c := range clusters {
+		var backends []string
+		for _, ep := range c.endpoints {
+			backends = append(backends, ep.String())
+		}
+		slices.Sort(backends)
+		for _, f := range c.frontends {
+			want[f.String()] = backends
+		}
+	}
+	var last string
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		rows, out, err := e.frontends()
+		last = out
+		if err == nil && frontendsMatch(rows, want) {
+			return
+		}
+		if err != nil {
+			last = err.Error() + "\n" + out
+		}
+		for _, p := range []*nsProc{e.agent, e.cp} {
+			if p != nil && p.exited() && !p.killed {
+				t.Fatalf("%s exited (%v) while waiting for the frontends:\n%s", p.name, p.cmd.ProcessState, tail(p.out.String(), 40))
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the frontends never became %v, all Done; last `l4xds-dbg statedb frontends -o json`:\n%s", want, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func frontendsMatch(rows []frontendRow, want map[string][]string) bool {
+	if len(rows) != len(want) {
+		return false
+	}
+	for _, r := range rows {
+		backends, ok := want[r.Address]
+		if !ok || r.Status.Kind != "Done" {
+			return false
+		}
+		var got []string
+		for _, b := range r.Backends {
+			s := b.Address
+			if b.State != "active" {
+				s += " " + b.State
+			}
+			got = append(got, s)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, backends) {
+			return false
+		}
+	}
+	return true
+}
+
+// dbg runs l4xds-dbg against the agent.
+func (e *lbEnv) dbg(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(e.bin, "l4xds-dbg"), append([]string{"--socket", e.socket}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("l4xds-dbg %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}

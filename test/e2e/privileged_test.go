@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/l4xds/l4xds/test/netns"
+)
+
+// The topology alone, without the agent: the client reaches every backend
+// by its own address through the LB (plain routing, TCP and UDP, IPv4 and
+// IPv6), and a VIP is not reachable: whatever answers a VIP later is the
+// datapath.
+func TestPrivilegedTopologyRoutesWithoutTheAgent(t *testing.T) {
+	bin := needsPrivileges(t)
+	topo := newTopology(t, 3)
+	startServers(t, bin, topo)
+	for i, b := range topo.Backends {
+		name := backendName(i)
+		for _, addr := range []netip.Addr{b.IPv4, b.IPv6} {
+			for _, c := range []struct {
+				proto string
+				port  uint16
+			}{{"tcp", 3306}, {"udp", 53}} {
+				to := netip.AddrPortFrom(addr, c.port).String()
+				r := probe(t, bin, topo.Client, to, c.proto, 5)
+				if r.Answered != 5 || r.Backends[name] != 5 {
+					t.Errorf("%s to %s: want 5 answers from %s; got %s", c.proto, to, name, r)
+				}
+			}
+		}
+	}
+	r := probe(t, bin, topo.Client, "10.1.2.3:3306", "tcp", 1)
+	t.Logf("without the agent: %s", r)
+	if r.Answered != 0 {
+		t.Errorf("without the agent a VIP answered: %s", r)
+	}
+}
+
+// Backends by name: b<i> serves at 192.168.1.1<i> and fd01::1<i>.
+func v4(i int, port uint16) endpoint { return endpoint{addr: netns.BackendIPv4(i), port: port} }
+func v6(i int, port uint16) endpoint { return endpoint{addr: netns.BackendIPv6(i), port: port} }
+
+func weighted(e endpoint, w int) endpoint      { e.weight = w; return e }
+func health(e endpoint, h string) endpoint     { e.health = h; return e }
+func tcp(vip string, port uint16) frontend     { return frontend{vip, port, "TCP"} }
+func udp(vip string, port uint16) frontend     { return frontend{vip, port, "UDP"} }
+func svc(name string, fes ...frontend) cluster { return cluster{name: name, frontends: fes} }
+func (c cluster) with(eps ...endpoint) cluster { c.endpoints = eps; return c }
+
+// The real agent with the BPF datapath between a client and three backend
+// namespaces, the real control plane feeding it over mTLS. Scenarios share
+// the topology; each one serves its own resources and waits until the
+// agent reports them reconciled before sending traffic.
+func TestPrivilegedLoadBalancer(t *testing.T) {
+	e := newLBEnv(t, 3)
+
+	t.Run("CFP example: TCP to 10.1.2.3:3306 reaches both backends", func(t *testing.T) {
+		cfp, err := os.ReadFile("../../examples/cfp.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.apply(t, string(cfp))
+		fe := tcp("10.1.2.3", 3306)
+		e.waitFrontends(t, svc("my-database-service", fe).with(v4(0, 3306), v4(1, 3306)))
+		r := e.probe(t, fe, 200)
+		if r.Answered != 200 || r.Backends["b0"] == 0 || r.Backends["b1"] == 0 || r.Backends["b2"] != 0 {
+			t.Errorf("want all 200 flows answered by b0 and b1, both; got %s", r)
+		}
+	})
+
+	t.Run("DNS: 53/TCP and 53/UDP on one VIP both answered", func(t *testing.T) {
+		fes := []frontend{udp("10.1.2.53", 53), tcp("10.1.2.53", 53)}
+		e.serve(t, svc("dns", fes...).with(v4(0, 53), v4(1, 53), v4(2, 53)))
+		for _, fe := range fes {
+			r := e.probe(t, fe, 300)
+			if r.Answered != 300 || len(r.Backends) != 3 {
+				t.Errorf("%s: want all 300 flows answered, by all three backends; got %s", fe, r)
+			}
+		}
+	})
+
+	t.Run("weights 70/30: 2000 new UDP flows split 70/30 within 5 points", func(t *testing.T) {
+		fe := udp("10.1.2.7", 7777)
+		e.serve(t, svc("game", fe).with(weighted(v4(0, 7777), 70), weighted(v4(1, 7777), 30)))
+		r := e.probe(t, fe, 2000, "--concurrency", "32")
+		if r.Answered != 2000 {
+			t.Errorf("want all 2000 flows answered; got %s", r)
+		}
+		for b, want := range map[string]float64{"b0": 70, "b1": 30, "b2": 0} {
+			if got := r.share(b); got < want-5 || got > want+5 {
+				t.Errorf("%s got %.1f%% of the flows, want %.0f%% ± 5: %s", b, got, want, r)
+			}
+		}
+	})
+
+	t.Run("IPv6 VIP: TCP and UDP", func(t *testing.T) {
+		fes := []frontend{udp("fd00:10::53", 53), tcp("fd00:10::53", 53)}
+		e.serve(t, svc("dns6", fes...).with(v6(0, 53), v6(1, 53), v6(2, 53)))
+		for _, fe := range fes {
+			r := e.probe(t, fe, 300)
+			if r.Answered != 300 || len(r.Backends) != 3 {
+				t.Errorf("%s: want all 300 flows answered, by all three backends; got %s", fe, r)
+			}
+		}
+	})
+
+	t.Run("DRAINING keeps a long-lived connection, new flows avoid it; removed backends get none", func(t *testing.T) {
+		fe := tcp("10.1.2.8", 8080)
+		all := []endpoint{v4(0, 8080), v4(1, 8080), v4(2, 8080)}
+		e.serve(t, svc("drain", fe).with(all...))
+		h := e.hold(t, fe)
+		h.check(t, 3)
+		drained := slices.Index([]string{backendName(0), backendName(1), backendName(2)}, h.backend)
+		if drained < 0 {
+			t.Fatalf("the long-lived connection was answered by %q", h.backend)
+		}
+		eps := append([]endpoint(nil), all...)
+		eps[drained] = health(eps[drained], "DRAINING")
+		e.serve(t, svc("drain", fe).with(eps...))
+		h.check(t, 5)
+		r := e.probe(t, fe, 300)
+		if r.Answered != 300 || r.Backends[h.backend] != 0 || len(r.Backends) != 2 {
+			t.Errorf("want all 300 new flows answered by the two active backends, none by the draining %s; got %s", h.backend, r)
+		}
+		h.check(t, 5)
+		h.stop()
+
+		// The drained backend removed, then an active one: new flows go to
+		// what is left.
+		left := slicesDelete(all, drained)
+		e.serve(t, svc("drain", fe).with(left...))
+		r = e.probe(t, fe, 300)
+		if r.Answered != 300 || r.Backends[h.backend] != 0 || len(r.Backends) != 2 {
+			t.Errorf("want all 300 new flows answered by the two remaining backends; got %s", r)
+		}
+		removed := backendName(slices.Index(all, left[0]))
+		e.serve(t, svc("drain", fe).with(left[1]))
+		r = e.probe(t, fe, 300)
+		if r.Answered != 300 || len(r.Backends) != 1 || r.Backends[removed] != 0 {
+			t.Errorf("want all 300 new flows answered by the last backend, none by the removed %s; got %s", removed, r)
+		}
+	})
+
+	t.Run("no backends: TCP refused, UDP ICMP unreachable, counted", func(t *testing.T) {
+		fes := []frontend{tcp("10.1.2.9", 3306), udp("10.1.2.9", 53)}
+		e.serve(t, svc("empty", fes...))
+		want := map[string]string{"TCP": "connection refused", "UDP": "ICMP unreachable"}
+		for _, fe := range fes {
+			before := e.serviceStats(t, fe).Drops[dropNoBackend]
+			r := e.probe(t, fe, 20, "--timeout", "3s")
+			if r.Answered != 0 || r.Errors[want[fe.proto]] != 20 {
+				t.Errorf("%s: want all 20 flows to fail with %q; got %s", fe, want[fe.proto], r)
+			}
+			if got := e.serviceStats(t, fe).Drops[dropNoBackend] - before; got < 20 {
+				t.Errorf("%s: %d no-backend drops counted for 20 rejected flows", fe, got)
+			}
+		}
+	})
+
+	t.Run("source ranges: an excluded client is dropped and counted, an included one served", func(t *testing.T) {
+		excluded := cluster{name: "restricted", frontends: []frontend{tcp("10.1.2.10", 3306), udp("10.1.2.10", 53)},
+			sourceRanges: []string{"192.0.2.0/24", "fd99::/64"}}
+		included := cluster{name: "allowed", frontends: []frontend{tcp("10.1.2.11", 3306)},
+			sourceRanges: []string{"192.0.2.0/24", "10.0.0.0/24"}}
+		excluded.endpoints = []endpoint{v4(0, 3306), v4(1, 3306)}
+		included.endpoints = excluded.endpoints
+		e.serve(t, excluded, included)
+		for _, fe := range excluded.frontends {
+			before := e.serviceStats(t, fe).Drops[dropSourceRange]
+			r := e.probe(t, fe, 10, "--timeout", "500ms")
+			if r.Answered != 0 || r.Errors["timeout"] != 10 {
+				t.Errorf("%s from outside the source ranges: want all 10 flows dropped (timeout); got %s", fe, r)
+			}
+			if got := e.serviceStats(t, fe).Drops[dropSourceRange] - before; got < 10 {
+				t.Errorf("%s: %d source-range drops counted for 10 dropped flows", fe, got)
+			}
+		}
+		r := e.probe(t, included.frontends[0], 50)
+		if r.Answered != 50 {
+			t.Errorf("a client inside the source ranges: want all 50 flows answered; got %s", r)
+		}
+	})
+
+	t.Run("control plane killed: traffic unchanged; restarted: converges", func(t *testing.T) {
+		fe := tcp("10.1.2.3", 3306)
+		db := svc("db", fe).with(v4(0, 3306), v4(1, 3306))
+		e.serve(t, db)
+		e.cp.kill()
+		r := e.probe(t, fe, 200)
+		if r.Answered != 200 || r.Backends["b0"] == 0 || r.Backends["b1"] == 0 {
+			t.Errorf("control plane down: want all 200 flows answered by b0 and b1; got %s", r)
+		}
+		e.waitFrontends(t, db) // the tables too are unchanged
+
+		db = db.with(v4(0, 3306), v4(1, 3306), v4(2, 3306))
+		e.apply(t, resourcesYAML(db))
+		e.startControlPlane(t)
+		e.waitFrontends(t, db)
+		r = e.probe(t, fe, 300)
+		if r.Answered != 300 || len(r.Backends) != 3 {
+			t.Errorf("control plane back with a third backend: want all 300 flows answered by all three; got %s", r)
+		}
+	})
+
+	t.Run("agent SIGKILLed and restarted: an open connection survives, no new flow fails", func(t *testing.T) {
+		fe := tcp("10.1.2.3", 3306)
+		db := svc("db", fe).with(v4(0, 3306), v4(1, 3306), v4(2, 3306))
+		e.serve(t, db)
+		h := e.hold(t, fe)
+		h.check(t, 3)
+
+		// New connections all along, in rounds of 20.
+		var (
+			mu     sync.Mutex
+			rounds []probeReport
+			stop   = make(chan struct{})
+			done   = make(chan struct{})
+		)
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := runProbe(e.bin, e.topo.Client, fe.dial(), "tcp", 20, "--concurrency", "4", "--timeout", "3s")
+				if err != nil {
+					r = probeReport{Proto: "tcp", To: fe.dial(), Flows: 1, Errors: map[string]int{"probe failed": 1},
+						Examples: map[string]string{"probe failed": err.Error()}}
+				}
+				mu.Lock()
+				rounds = append(rounds, r)
+				mu.Unlock()
+			}
+		}()
+		roundsSoFar := func() int { mu.Lock(); defer mu.Unlock(); return len(rounds) }
+		waitRounds := func(n int) {
+			for deadline := time.Now().Add(30 * time.Second); roundsSoFar() < n && time.Now().Before(deadline); {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+
+		waitRounds(2)
+		e.agent.kill()
+		killedAt := roundsSoFar()
+		waitRounds(killedAt + 3) // traffic while no agent runs
+		h.check(t, 3)
+		e.startAgent(t)
+		e.waitFrontends(t, db)
+		restartedAt := roundsSoFar()
+		waitRounds(restartedAt + 3)
+		h.check(t, 3)
+		close(stop)
+		<-done
+
+		var failed []string
+		flows := 0
+		for _, r := range rounds {
+			flows += r.Flows
+			if r.Answered != r.Flows {
+				failed = append(failed, r.String())
+			}
+		}
+		t.Logf("%d new flows in %d rounds (agent killed after round %d, back after round %d)", flows, len(rounds), killedAt, restartedAt)
+		if len(failed) > 0 {
+			t.Errorf("new flows failed across the agent restart:\n%s", strings.Join(failed, "\n"))
+		}
+		if restartedAt <= killedAt {
+			t.Errorf("no new flow was made while the agent was down")
+		}
+	})
+}
+
+func slicesDelete(eps []endpoint, i int) []endpoint {
+	out := append([]endpoint(nil), eps[:i]...)
+	return append(out, eps[i+1:]...)
+}
+
+// backendName is the name l4xds-traffic serve answers with in backend i.
+func backendName(i int) string { return fmt.Sprintf("b%d", i) }

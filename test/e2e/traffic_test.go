@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/l4xds/l4xds/test/netns"
+)
+
+// probeReport is what `l4xds-traffic probe -o json` prints.
+type probeReport struct {
+	To       string            `json:"to"`
+	Proto    string            `json:"proto"`
+	Flows    int               `json:"flows"`
+	Answered int               `json:"answered"`
+	Backends map[string]int    `json:"backends"`
+	Errors   map[string]int    `json:"errors"`
+	Examples map[string]string `json:"examples"`
+}
+
+func (r probeReport) String() string {
+	s := fmt.Sprintf("%s %s: %d flows, %d answered", r.Proto, r.To, r.Flows, r.Answered)
+	for _, b := range slices.Sorted(maps.Keys(r.Backends)) {
+		s += fmt.Sprintf(", %s %d", b, r.Backends[b])
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.Errors)) {
+		s += fmt.Sprintf(", %d %q (%s)", r.Errors[k], k, r.Examples[k])
+	}
+	return s
+}
+
+// share is the percentage of the flows backend answered.
+func (r probeReport) share(backend string) float64 {
+	return 100 * float64(r.Backends[backend]) / float64(r.Flows)
+}
+
+// probe opens flows new flows from namespace ns to the address
+// (l4xds-traffic probe) and returns the report, failed flows included.
+func probe(t *testing.T, bin, ns, to, proto string, flows int, extra ...string) probeReport {
+	t.Helper()
+	r, err := runProbe(bin, ns, to, proto, flows, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// runProbe is probe for a goroutine other than the test's.
+func runProbe(bin, ns, to, proto string, flows int, extra ...string) (probeReport, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	args := append([]string{"probe", "--to", to, "--proto", proto, "--flows", fmt.Sprint(flows), "-o", "json"}, extra...)
+	out, err := netns.Command(ctx, ns, filepath.Join(bin, "l4xds-traffic"), args...).Output()
+	var exit *exec.ExitError
+	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1) {
+		return probeReport{}, fmt.Errorf("l4xds-traffic %s: %w\n%s%s", strings.Join(args, " "), err, out, stderr(err))
+	}
+	var r probeReport
+	if err := json.Unmarshal(out, &r); err != nil {
+		return probeReport{}, fmt.Errorf("l4xds-traffic %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return r, nil
+}
+
+func stderr(err error) string {
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return string(exit.Stderr)
+	}
+	return ""
+}
+
+// probe sends flows from the client to the frontend.
+func (e *lbEnv) probe(t *testing.T, f frontend, flows int, extra ...string) probeReport {
+	t.Helper()
+	r := probe(t, e.bin, e.topo.Client, f.dial(), strings.ToLower(f.proto), flows, extra...)
+	t.Logf("%s", r)
+	return r
+}
+
+// hold is a long-lived TCP connection from the client (l4xds-traffic hold).
+type hold struct {
+	*nsProc
+	backend string
+}
+
+func (e *lbEnv) hold(t *testing.T, f frontend) *hold {
+	t.Helper()
+	p := startIn(t, t, e.topo.Client, filepath.Join(e.bin, "l4xds-traffic"), "hold", "--to", f.dial(), "--interval", "100ms")
+	p.waitOutput(t, "connected ", 10*time.Second)
+	h := &hold{nsProc: p}
+	for _, l := range strings.Split(p.out.String(), "\n") {
+		if b, ok := strings.CutPrefix(l, "connected "); ok {
+			h.backend = b
+		}
+	}
+	return h
+}
+
+// echoes counts the successful echoes so far.
+func (h *hold) echoes() int { return strings.Count(h.out.String(), "\nok ") }
+
+// check fails the test when the connection failed or moved, and waits
+// until it has echoed at least n more times, so that a check right after a
+// change proves the connection carries traffic after it.
+func (h *hold) check(t *testing.T, more int) {
+	t.Helper()
+	want := h.echoes() + more
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out := h.out.String()
+		if h.exited() || strings.Contains(out, "\nfail ") {
+			t.Fatalf("the long-lived connection to %s failed:\n%s", h.backend, tail(out, 10))
+		}
+		if strings.Count(out, "\nok ") != strings.Count(out, "\nok "+h.backend+" ") {
+			t.Fatalf("the long-lived connection to %s was answered by another backend:\n%s", h.backend, tail(out, 10))
+		}
+		if h.echoes() >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the long-lived connection to %s stalled (want %d echoes):\n%s", h.backend, want, tail(out, 10))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
