@@ -231,7 +231,7 @@ func (r *Report) print(w io.Writer, configured []backend) {
 				active += b.weight
 			}
 		}
-		fmt.Fprintf(w, "  %-16s %6s  %-12s %8s  %6s  %6s\n", "backend", "weight", "state", "expected", "flows", "share")
+		fmt.Fprintf(w, "  %-16s %6s  %-14s %8s  %6s  %6s\n", "backend", "weight", "state", "expected", "flows", "share")
 		listed := map[string]bool{}
 		for _, b := range configured {
 			listed[b.name] = true
@@ -239,11 +239,11 @@ func (r *Report) print(w io.Writer, configured []backend) {
 			if b.state == "active" {
 				expect = b.weight
 			}
-			fmt.Fprintf(w, "  %-16s %6d  %-12s %8s  %6d  %6s\n", b.name, b.weight, b.state, share(expect, active), r.Backends[b.name], share(r.Backends[b.name], r.Flows))
+			fmt.Fprintf(w, "  %-16s %6d  %-14s %8s  %6d  %6s\n", b.name, b.weight, b.state, share(expect, active), r.Backends[b.name], share(r.Backends[b.name], r.Flows))
 		}
 		for _, name := range slices.Sorted(maps.Keys(r.Backends)) {
 			if !listed[name] {
-				fmt.Fprintf(w, "  %-16s %6s  %-12s %8s  %6d  %6s\n", name, "-", "not configured", "0.0%", r.Backends[name], share(r.Backends[name], r.Flows))
+				fmt.Fprintf(w, "  %-16s %6s  %-14s %8s  %6d  %6s\n", name, "-", "not configured", "0.0%", r.Backends[name], share(r.Backends[name], r.Flows))
 			}
 		}
 	}

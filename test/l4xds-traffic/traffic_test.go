@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Serve and probe over loopback: answers are counted by name, and a closed
+// port fails with the kind the tests and the demo look for.
+func TestProbeCountsAnswersAndClassifiesFailures(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go serveTCP(l, "tcp-server")
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	go serveUDP(c, "udp-server")
+	closedTCP, closedUDP := closedPort(t, "tcp"), closedPort(t, "udp")
+
+	for _, tc := range []struct {
+		name, to, proto string
+		answered        map[string]int
+		failed          map[string]int
+	}{
+		{"tcp answered", l.Addr().String(), "tcp", map[string]int{"tcp-server": 20}, map[string]int{}},
+		{"udp answered", c.LocalAddr().String(), "udp", map[string]int{"udp-server": 20}, map[string]int{}},
+		{"tcp refused", closedTCP, "tcp", map[string]int{}, map[string]int{kindRefused: 20}},
+		{"udp ICMP unreachable", closedUDP, "udp", map[string]int{}, map[string]int{kindUnreachable: 20}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := probe(tc.to, tc.proto, 20, 4, 2*time.Second)
+			if !equal(r.Backends, tc.answered) || !equal(r.Errors, tc.failed) {
+				var out bytes.Buffer
+				r.print(&out, nil)
+				t.Errorf("got %s", out.String())
+			}
+		})
+	}
+}
+
+// closedPort is a loopback address nothing listens on.
+func closedPort(t *testing.T, proto string) string {
+	t.Helper()
+	if proto == "tcp" {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return c.LocalAddr().String()
+}
+
+func equal(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestHoldEchoesOverOneConnection(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go serveTCP(l, "b0")
+	if err := hold(t.Context(), l.Addr().String(), time.Millisecond, time.Second, 3); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReportShowsTheExpectedSplit(t *testing.T) {
+	backends, err := parseBackends([]string{"a=70", "b=30", "c=10:terminating"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Report{To: "10.1.2.7:7777", Proto: "udp", Flows: 100, Answered: 100,
+		Backends: map[string]int{"a": 69, "b": 30, "x": 1}}
+	var out bytes.Buffer
+	r.print(&out, backends)
+	for _, want := range []string{
+		"a                    70  active            70.0%      69   69.0%",
+		"b                    30  active            30.0%      30   30.0%",
+		"c                    10  terminating        0.0%       0    0.0%",
+		"x                     -  not configured     0.0%       1    1.0%",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, bad := range []string{"a", "a=", "=1", "a=x", "a=-1"} {
+		if _, err := parseBackends([]string{bad}); err == nil {
+			t.Errorf("--backend %q accepted", bad)
+		}
+	}
+}
