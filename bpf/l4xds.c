@@ -126,7 +126,6 @@ struct {
 #define ICMP_PORT_UNREACH 3
 #define ICMPV6_DEST_UNREACH 1
 #define ICMPV6_PORT_UNREACH 4
-#define IPPROTO_ICMPV6_ 58
 
 /* An ICMP or ICMPv6 error header: type, code, checksum, 4 unused bytes. */
 struct icmp_err_hdr {
@@ -627,11 +626,11 @@ static __always_inline int reject_udp6(struct __sk_buff *skb, const struct pkt *
 		quote = ICMPV6_QUOTE_MAX;
 	if (load_swapped_eth(skb, &eth) < 0)
 		return -1;
-	fill_ip6(&h.ip6, p, sizeof(h.icmp) + quote, IPPROTO_ICMPV6_);
+	fill_ip6(&h.ip6, p, sizeof(h.icmp) + quote, IPPROTO_ICMPV6);
 	h.icmp.type = ICMPV6_DEST_UNREACH;
 	h.icmp.code = ICMPV6_PORT_UNREACH;
 	pt.len = bpf_htonl(sizeof(h.icmp) + quote);
-	pt.nexthdr = IPPROTO_ICMPV6_;
+	pt.nexthdr = IPPROTO_ICMPV6;
 	sum = csum_add_buf(&h.ip6.saddr, 32, 0);
 	sum = csum_add_buf(&pt, sizeof(pt), sum);
 	sum = csum_add_buf(&h.icmp, sizeof(h.icmp), sum);

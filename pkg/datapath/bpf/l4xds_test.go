@@ -114,6 +114,15 @@ func TestDatapath(t *testing.T) {
 			}(),
 		},
 		{
+			name:     "IPv4 with header options forward",
+			services: []service{svc4},
+			steps: func() []step {
+				s := tcp4
+				s.ipOptions = []byte{0x01, 0x01, 0x01, 0x00}
+				return []step{forward("syn", s, be4a.addr)}
+			}(),
+		},
+		{
 			name:     "IPv6 TCP forward",
 			services: []service{svc6},
 			steps:    []step{forward("syn", tcp6, be6a.addr)},
@@ -261,10 +270,15 @@ func TestDatapath(t *testing.T) {
 			steps: []step{
 				{name: "syn", in: tcp4.frame(), verdict: verdictRedirect, want: rst(tcp4)},
 				{name: "ack with data", in: ackSeg.frame(), verdict: verdictRedirect, want: rst(ackSeg)},
+				func() step {
+					s := tcp4.sport(40001)
+					s.ipOptions = []byte{0x01, 0x01, 0x01, 0x00}
+					return step{name: "syn with IP options", in: s.frame(), verdict: verdictRedirect, want: rst(s)}
+				}(),
 				drop("rst", tcp4.withFlags(tcpRST).frame()),
 			},
 			check: func(t *testing.T, d *datapath) {
-				wantStats(t, d, 1, 0, 0, map[int]uint64{dropNoBackend: 3})
+				wantStats(t, d, 1, 0, 0, map[int]uint64{dropNoBackend: 4})
 			},
 		},
 		{
