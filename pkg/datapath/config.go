@@ -1,17 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package datapath programs the frontends table into the eBPF datapath.
-// This release carries its configuration only: --datapath=none runs the
-// control-plane half alone (tables, xDS, API), and --datapath=bpf is refused
-// with an explanation until the BPF programs are part of the build.
+// Package datapath programs the frontends table into the eBPF datapath:
+// it loads the programs of bpf/ with their maps pinned under
+// <bpf-root>/l4xds, attaches them to --devices with pinned tcx links, and
+// reconciles the frontends into the maps (service and backend IDs, weighted
+// Maglev tables, source ranges). --datapath=none runs the control-plane
+// half alone (tables, xDS, API).
 package datapath
 
 import (
-	"errors"
 	"fmt"
-	"log/slog"
 
-	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 )
 
@@ -24,7 +23,7 @@ type Config struct {
 }
 
 var DefaultConfig = Config{
-	Datapath:          "none",
+	Datapath:          "bpf",
 	BPFRoot:           "/sys/fs/bpf",
 	LBMaglevTableSize: 1021,
 }
@@ -60,21 +59,3 @@ func isPrime(n uint) bool {
 	}
 	return true
 }
-
-// Cell checks the datapath configuration.
-var Cell = cell.Module(
-	"datapath",
-	"eBPF service datapath",
-
-	cell.Config(DefaultConfig),
-	cell.Invoke(func(cfg Config, log *slog.Logger) error {
-		if err := cfg.Validate(); err != nil {
-			return err
-		}
-		if cfg.Datapath == "bpf" {
-			return errors.New("--datapath=bpf: the BPF datapath is not part of this build; run with --datapath=none")
-		}
-		log.Info("Datapath disabled (--datapath=none): the tables are kept but no traffic is forwarded")
-		return nil
-	}),
-)

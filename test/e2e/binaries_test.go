@@ -233,7 +233,7 @@ func TestBinariesAgentRefusesABadConfigFileNamingTheKey(t *testing.T) {
 	if err := os.WriteFile(config, []byte("xds-control-plane:\n  server-adress: x:1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(filepath.Join(bin, "l4xds-agent"), "--config-file", config, "--api-socket", filepath.Join(t.TempDir(), "s")).CombinedOutput()
+	out, err := exec.Command(filepath.Join(bin, "l4xds-agent"), "--config-file", config, "--api-socket", filepath.Join(t.TempDir(), "s"), "--datapath", "none").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "xds-control-plane.server-adress") {
 		t.Errorf("agent with a typo in its config file: %v\n%s\nwant a failure naming xds-control-plane.server-adress", err, out)
 	}

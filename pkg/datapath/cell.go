@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"log/slog"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+// Cell loads the BPF datapath when the agent starts (--datapath=bpf, the
+// default) and reconciles the frontends table into its maps; on stop it
+// closes its handles and leaves the programs attached, so that traffic
+// flows while the agent is down. With --datapath=none it does nothing.
+// It needs statedb.RWTable[*loadbalancer.Frontend] (loadbalancer.Cell).
+var Cell = cell.Module(
+	"datapath",
+	"eBPF service datapath",
+
+	cell.Config(DefaultConfig),
+	cell.Invoke(func(p params) error {
+		_, err := register(p)
+		return err
+	}),
+)
+
+type params struct {
+	cell.In
+
+	Config    Config
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	DB        *statedb.DB
+	Frontends statedb.RWTable[*lb.Frontend]
+	Jobs      job.Registry
+	Health    cell.Health
+	ModuleID  cell.FullModuleID
+}
+
+// register validates the configuration and, for the BPF datapath, appends
+// the loader to the lifecycle and registers the reconciler, whose jobs start
+// after the loader. It returns nil with --datapath=none.
+func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
+	if err := p.Config.Validate(); err != nil {
+		return nil, err
+	}
+	if p.Config.Datapath == "none" {
+		p.Log.Info("Datapath disabled (--datapath=none): the tables are kept but no traffic is forwarded")
+		return nil, nil
+	}
+
+	ops := newOps(p.Log, p.DB, p.Frontends, uint32(p.Config.LBMaglevTableSize))
+	var dp *Datapath
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			var err error
+			if dp, err = Load(p.Log, p.Config); err != nil {
+				return err
+			}
+			if err := ops.restore(dp.Maps); err != nil {
+				dp.Close()
+				return err
+			}
+			return nil
+		},
+		OnStop: func(cell.HookContext) error {
+			// The pins stay: the programs keep forwarding with the maps as
+			// they are until the next agent takes over.
+			return dp.Close()
+		},
+	})
+	return reconciler.Register(
+		reconciler.Params{
+			Log:      p.Log,
+			DB:       p.DB,
+			JobGroup: p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log)),
+			ModuleID: p.ModuleID,
+		},
+		p.Frontends,
+		(*lb.Frontend).Clone,
+		(*lb.Frontend).SetStatus,
+		(*lb.Frontend).GetStatus,
+		ops,
+		nil,
+	)
+}
