@@ -3,6 +3,7 @@
 package datapath
 
 import (
+	"fmt"
 	"log/slog"
 
 	"github.com/cilium/hive/cell"
@@ -60,7 +61,7 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 		OnStart: func(cell.HookContext) error {
 			var err error
 			if dp, err = Load(p.Log, p.Config); err != nil {
-				return err
+				return fmt.Errorf("BPF datapath (--datapath=bpf needs root; --datapath=none runs without it): %w", err)
 			}
 			if err := ops.restore(dp.Maps); err != nil {
 				dp.Close()

@@ -24,3 +24,9 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigDefaultsToTheBPFDatapath(t *testing.T) {
+	if DefaultConfig.Datapath != "bpf" || DefaultConfig.BPFRoot != "/sys/fs/bpf" || DefaultConfig.LBMaglevTableSize != 1021 {
+		t.Errorf("defaults %+v, want --datapath=bpf --bpf-root=/sys/fs/bpf --lb-maglev-table-size=1021", DefaultConfig)
+	}
+}

@@ -365,3 +365,26 @@ func writeEntry(t *testing.T, root, name string, key, value any) {
 		t.Fatalf("write %s: %v", name, err)
 	}
 }
+
+func TestPrivilegedUpdateErrorsNameTheFrontendAndTheMap(t *testing.T) {
+	needRoot(t)
+	dp := load(t, testConfig(bpffs(t)))
+	defer dp.Close()
+	db := statedb.New()
+	w, err := lb.NewWriter(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, _ := testLogger(t)
+	o := newOps(log, db, w.Frontends(), 1021)
+	if err := o.restore(dp.Maps); err != nil {
+		t.Fatal(err)
+	}
+	f := &lb.Frontend{FrontendParams: lb.FrontendParams{Address: fe("10.1.2.3:3306/TCP")}, Backends: []*lb.Backend{be("192.168.1.10:3306")}}
+	dp.Maps.backends.Close() // every write to l4xds_backends fails
+	err = o.Update(context.Background(), db.ReadTxn(), 1, f)
+	want := "frontend 10.1.2.3:3306/TCP: write l4xds_backends: backend 192.168.1.10:3306 (id 1): "
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("error %v, want it to start with %q", err, want)
+	}
+}
