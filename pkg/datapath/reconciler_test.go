@@ -388,3 +388,35 @@ func TestPrivilegedUpdateErrorsNameTheFrontendAndTheMap(t *testing.T) {
 		t.Errorf("error %v, want it to start with %q", err, want)
 	}
 }
+
+func TestPrivilegedANewServiceIDStartsWithZeroCounters(t *testing.T) {
+	needRoot(t)
+	dp := load(t, testConfig(bpffs(t)))
+	defer dp.Close()
+	// Counters left by a service that had ID 1 before.
+	stale := make([]bpf.L4xdsLbStats, dp.Maps.possibleCPU)
+	stale[0].Packets, stale[0].Drops[0] = 10, 3
+	if err := dp.Maps.stats.Put(uint32(1), stale); err != nil {
+		t.Fatal(err)
+	}
+	db := statedb.New()
+	w, err := lb.NewWriter(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, _ := testLogger(t)
+	o := newOps(log, db, w.Frontends(), 1021)
+	if err := o.restore(dp.Maps); err != nil {
+		t.Fatal(err)
+	}
+	f := &lb.Frontend{FrontendParams: lb.FrontendParams{Address: fe("10.1.2.3:3306/TCP")}, Backends: []*lb.Backend{be("192.168.1.10:3306")}}
+	if err := o.Update(context.Background(), db.ReadTxn(), 1, f); err != nil {
+		t.Fatal(err)
+	}
+	if id := o.reg.services[f.Address].id; id != 1 {
+		t.Fatalf("service ID %d, want 1", id)
+	}
+	if s, err := dp.Maps.ServiceStats(1); err != nil || s != (Stats{}) {
+		t.Errorf("counters of the new service 1: %+v, %v; want zero", s, err)
+	}
+}
