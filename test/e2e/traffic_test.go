@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -134,4 +135,68 @@ func (h *hold) check(t *testing.T, more int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// flowLoop makes new flows to a frontend from the client, in rounds of 20,
+// until stopped.
+type flowLoop struct {
+	fe             frontend
+	stopping, done chan struct{}
+
+	mu     sync.Mutex
+	rounds []probeReport
+}
+
+func (e *lbEnv) newFlowLoop(fe frontend) *flowLoop {
+	l := &flowLoop{fe: fe, stopping: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for {
+			select {
+			case <-l.stopping:
+				return
+			default:
+			}
+			r, err := runProbe(e.bin, e.topo.Client, fe.dial(), strings.ToLower(fe.proto), 20, "--concurrency", "4", "--timeout", "3s")
+			if err != nil {
+				r = probeReport{Proto: fe.proto, To: fe.dial(), Flows: 1,
+					Errors: map[string]int{"probe failed": 1}, Examples: map[string]string{"probe failed": err.Error()}}
+			}
+			l.mu.Lock()
+			l.rounds = append(l.rounds, r)
+			l.mu.Unlock()
+		}
+	}()
+	return l
+}
+
+func (l *flowLoop) roundsSoFar() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.rounds)
+}
+
+// waitRounds waits until more rounds have been made.
+func (l *flowLoop) waitRounds(t *testing.T, more int) {
+	t.Helper()
+	want := l.roundsSoFar() + more
+	for deadline := time.Now().Add(30 * time.Second); l.roundsSoFar() < want; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: fewer than %d rounds of new flows in 30s", l.fe, more)
+		}
+	}
+}
+
+// stop ends the loop and returns the number of flows and the rounds that
+// had failed flows.
+func (l *flowLoop) stop() (flows int, failed []string) {
+	close(l.stopping)
+	<-l.done
+	for _, r := range l.rounds {
+		flows += r.Flows
+		if r.Answered != r.Flows {
+			failed = append(failed, r.String())
+		}
+	}
+	return flows, failed
 }
