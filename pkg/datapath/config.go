@@ -22,6 +22,10 @@ type Config struct {
 	LBMaglevTableSize uint
 }
 
+// MaxMaglevTableSize bounds --lb-maglev-table-size: every service holds a
+// table of that many backend IDs in kernel memory (512 KiB each at this size).
+const MaxMaglevTableSize = 131071
+
 var DefaultConfig = Config{
 	Datapath:          "bpf",
 	BPFRoot:           "/sys/fs/bpf",
@@ -44,6 +48,9 @@ func (c Config) Validate() error {
 	}
 	if !isPrime(c.LBMaglevTableSize) {
 		return fmt.Errorf("--lb-maglev-table-size: %d is not a prime", c.LBMaglevTableSize)
+	}
+	if c.LBMaglevTableSize > MaxMaglevTableSize {
+		return fmt.Errorf("--lb-maglev-table-size: %d is larger than %d", c.LBMaglevTableSize, MaxMaglevTableSize)
 	}
 	return nil
 }

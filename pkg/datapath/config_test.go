@@ -17,6 +17,8 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		{Config{Datapath: "xdp", LBMaglevTableSize: 1021}, `--datapath: "xdp" is not bpf or none`},
 		{Config{Datapath: "none", LBMaglevTableSize: 1000}, "--lb-maglev-table-size: 1000 is not a prime"},
 		{Config{Datapath: "none", LBMaglevTableSize: 1}, "--lb-maglev-table-size: 1 is not a prime"},
+		{Config{Datapath: "none", LBMaglevTableSize: 131071}, ""},
+		{Config{Datapath: "none", LBMaglevTableSize: 131101}, "--lb-maglev-table-size: 131101 is larger than 131071"},
 	} {
 		err := c.cfg.Validate()
 		if (err == nil) != (c.want == "") || (err != nil && !strings.Contains(err.Error(), c.want)) {
