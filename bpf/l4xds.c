@@ -12,6 +12,12 @@
  *      no usable backend: TCP RST / ICMP port unreachable;
  *   3. to a VIP on a port we do not serve: dropped and counted;
  *   4. anything else: passed.
+ * The first fragment of a datagram (IPv4, or IPv6 with a Fragment header
+ * right after the fixed header) goes through the same steps and leaves its
+ * translation in l4xds_frags for the later fragments, which have no ports.
+ * ICMP and ICMPv6 errors quoting a packet of a translated flow are
+ * translated too, so that PMTU discovery and port unreachable work
+ * through the VIP.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -74,6 +80,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } l4xds_ct SEC(".maps");
 
+/* Later fragments of a datagram: the translation of its first fragment.
+ * Entries are not removed when the last fragment passes (fragments may
+ * come out of order); the LRU recycles them, and the next datagram with
+ * the same ID overwrites its entry with its own first fragment. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_FRAGS_MAX);
+	__type(key, struct lb_frag_key);
+	__type(value, struct lb_frag);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} l4xds_frags SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, LB_AFFINITY_MAX);
@@ -116,6 +134,19 @@ struct {
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
 
+/* The IPv6 Fragment header (RFC 8200 4.5); frag_off holds the offset in
+ * 8-byte units in its upper 13 bits and the M flag in bit 0. */
+#define IPV6_NEXTHDR_FRAGMENT 44
+#define IP6_OFFSET 0xfff8
+#define IP6_MF 0x0001
+
+struct ipv6_frag_hdr {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off;
+	__be32 identification;
+};
+
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
 #define TCP_RST 0x04
@@ -124,7 +155,10 @@ struct {
 /* Not from <linux/icmp.h>, which drags in libc headers. */
 #define ICMP_DEST_UNREACH 3
 #define ICMP_PORT_UNREACH 3
+#define ICMP_TIME_EXCEEDED 11
 #define ICMPV6_DEST_UNREACH 1
+#define ICMPV6_PKT_TOOBIG 2
+#define ICMPV6_TIME_EXCEED 3
 #define ICMPV6_PORT_UNREACH 4
 
 /* An ICMP or ICMPv6 error header: type, code, checksum, 4 unused bytes. */
@@ -163,7 +197,10 @@ struct pkt {
 	__u8 v6;
 	__u8 tcp_flags;
 	__u8 has_ports; /* a fragment or a truncated header may have none */
-	__u32 l3_len;   /* IP header length (IPv4 with options) */
+	__u8 frag;      /* the first fragment of a fragmented datagram */
+	__u32 frag_id;  /* IP ID of a fragment, as lb_frag_key.id */
+	__u32 l3_len;   /* IP header length (IPv4 with options, IPv6 with a
+			 * Fragment header) */
 	__u32 l4_len;   /* bytes after the IP header, from the IP header */
 	__u32 l4_hlen;  /* TCP data offset in bytes, 8 for UDP */
 	__be32 seq;
@@ -173,8 +210,9 @@ struct pkt {
 enum parse_result {
 	PARSE_OK,
 	PARSE_PASS,      /* not ours to look at */
-	PARSE_FRAGMENT,  /* IPv4 fragment */
+	PARSE_FRAGMENT,  /* a later fragment: no L4 header */
 	PARSE_MALFORMED, /* truncated or inconsistent L4 header */
+	PARSE_ICMP,      /* ICMP or ICMPv6 (proto), not fragmented */
 };
 
 static __always_inline int is_v4mapped(const __u32 *a)
@@ -217,7 +255,6 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p,
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
 	struct ethhdr eth;
-	int ret;
 
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
 		return PARSE_PASS;
@@ -230,7 +267,8 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			return PARSE_PASS;
 		if (ip.version != 4 || ip.ihl < 5)
 			return PARSE_PASS;
-		if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+		if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP &&
+		    ip.protocol != IPPROTO_ICMP)
 			return PARSE_PASS;
 		p->proto = ip.protocol;
 		p->saddr[2] = bpf_htonl(0x0000ffff);
@@ -239,17 +277,25 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		p->daddr[3] = ip.daddr;
 		p->l3_len = ip.ihl * 4;
 		tot = bpf_ntohs(ip.tot_len);
+		if (ip.protocol == IPPROTO_ICMP) {
+			/* An ICMP error fits one packet; fragments pass. */
+			if (tot < p->l3_len ||
+			    (ip.frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+				return PARSE_PASS;
+			p->l4_len = tot - p->l3_len;
+			return PARSE_ICMP;
+		}
 		if (tot < p->l3_len)
 			return PARSE_MALFORMED;
 		p->l4_len = tot - p->l3_len;
-		/* A later fragment has no L4 header; the first one has, but
-		 * its followers would keep the old addresses. */
+		p->frag_id = ip.id;
+		/* A later fragment has no L4 header: l4xds_frags has the
+		 * translation of its first one. */
 		if (ip.frag_off & bpf_htons(IP_OFFSET))
 			return PARSE_FRAGMENT;
-		ret = parse_l4(skb, p, ETH_HLEN + p->l3_len);
 		if (ip.frag_off & bpf_htons(IP_MF))
-			return PARSE_FRAGMENT;
-		return ret;
+			p->frag = 1;
+		return parse_l4(skb, p, ETH_HLEN + p->l3_len);
 	}
 
 	if (eth.h_proto == bpf_htons(ETH_P_IPV6)) {
@@ -259,15 +305,42 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			return PARSE_PASS;
 		if (ip6.version != 6)
 			return PARSE_PASS;
-		/* Extension headers (fragments included) are not parsed. */
-		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
-			return PARSE_PASS;
 		p->v6 = 1;
-		p->proto = ip6.nexthdr;
 		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
 		p->l3_len = sizeof(ip6);
 		p->l4_len = bpf_ntohs(ip6.payload_len);
+		if (ip6.nexthdr == IPPROTO_ICMPV6) {
+			p->proto = IPPROTO_ICMPV6;
+			return PARSE_ICMP;
+		}
+		/* Of the extension headers, only a Fragment header right
+		 * after the fixed one is parsed; the others pass. */
+		if (ip6.nexthdr == IPV6_NEXTHDR_FRAGMENT) {
+			struct ipv6_frag_hdr fh;
+
+			if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6), &fh,
+					       sizeof(fh)) < 0)
+				return PARSE_PASS;
+			if (fh.nexthdr != IPPROTO_TCP && fh.nexthdr != IPPROTO_UDP)
+				return PARSE_PASS;
+			p->proto = fh.nexthdr;
+			p->frag_id = fh.identification;
+			if (p->l4_len < sizeof(fh))
+				return PARSE_MALFORMED;
+			p->l3_len += sizeof(fh);
+			p->l4_len -= sizeof(fh);
+			if (fh.frag_off & bpf_htons(IP6_OFFSET))
+				return PARSE_FRAGMENT;
+			/* Offset 0 without M is an atomic fragment (RFC
+			 * 6946): a whole datagram. */
+			if (fh.frag_off & bpf_htons(IP6_MF))
+				p->frag = 1;
+			return parse_l4(skb, p, ETH_HLEN + p->l3_len);
+		}
+		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
+			return PARSE_PASS;
+		p->proto = ip6.nexthdr;
 		return parse_l4(skb, p, ETH_HLEN + sizeof(ip6));
 	}
 
@@ -326,6 +399,33 @@ static __always_inline __u16 csum_fold(__u32 csum)
 	csum = (csum & 0xffff) + (csum >> 16);
 	csum = (csum & 0xffff) + (csum >> 16);
 	return (__u16)~csum;
+}
+
+/* Ones' complement addition of two unfolded sums. */
+static __always_inline __u32 csum_add(__u32 a, __u32 b)
+{
+	a += b;
+	return a + (a < b);
+}
+
+/* A checksum field after the data it covers changed by diff, a
+ * bpf_csum_diff of the old and new bytes (RFC 1624: HC' = ~(~HC + m' - m)).
+ * Both are taken as loaded: the sum works in either byte order. */
+static __always_inline __u16 csum_update(__u16 check, __u32 diff)
+{
+	return csum_fold(csum_add((__u16)~check, diff));
+}
+
+static __always_inline __u32 csum_diff_addr(const __u32 *from, const __u32 *to)
+{
+	__s64 s = bpf_csum_diff((__be32 *)from, 16, (__be32 *)to, 16, 0);
+
+	return s < 0 ? 0 : (__u32)s;
+}
+
+static __always_inline int addr_eq(const __u32 *a, const __u32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
 }
 
 static __always_inline void count_drop(__u32 svc_id, __u64 reason)
@@ -402,6 +502,43 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb,
 			return -1;
 	}
 	return 0;
+}
+
+/* Rewrites one address of a later fragment: it has no L4 header, so only
+ * the IPv4 header checksum depends on the address. */
+static __always_inline int frag_rewrite(struct __sk_buff *skb,
+					const struct pkt *p, int dst,
+					const __u32 *old_addr,
+					const __u32 *new_addr)
+{
+	if (p->v6)
+		return bpf_skb_store_bytes(skb, ETH_HLEN + (dst ? offsetof(struct ipv6hdr, daddr)
+								: offsetof(struct ipv6hdr, saddr)),
+					   new_addr, 16, 0);
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
+				old_addr[3], new_addr[3], 4) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, ETH_HLEN + (dst ? offsetof(struct iphdr, daddr)
+							: offsetof(struct iphdr, saddr)),
+				   &new_addr[3], 4, 0);
+}
+
+/* The first fragment of a datagram leaves its translation for the later
+ * ones: the backend (CT_FORWARD) or the VIP (CT_REPLY). */
+static __always_inline void frag_remember(const struct pkt *p, __u8 dir,
+					  const __u32 *addr, __u32 svc_id)
+{
+	struct lb_frag_key key = {
+		.id = p->frag_id,
+		.proto = p->proto,
+		.dir = dir,
+	};
+	struct lb_frag val = { .svc_id = svc_id };
+
+	__builtin_memcpy(key.saddr, p->saddr, 16);
+	__builtin_memcpy(key.daddr, p->daddr, 16);
+	__builtin_memcpy(val.addr, addr, 16);
+	bpf_map_update_elem(&l4xds_frags, &key, &val, BPF_ANY);
 }
 
 /* Checksum of len bytes of the packet from off, seeded with sum: whole
@@ -615,7 +752,7 @@ static __always_inline int reject_udp6(struct __sk_buff *skb, const struct pkt *
 		struct icmp_err_hdr icmp;
 	} h = {};
 	struct pseudo6_tail pt = {};
-	__u32 quote = sizeof(struct ipv6hdr) + p->l4_len;
+	__u32 quote = p->l3_len + p->l4_len;
 	__u32 sum;
 
 	if (skb->len < ETH_HLEN + sizeof(struct ipv6hdr) + 8)
@@ -777,6 +914,8 @@ __noinline int handle_reply(struct __sk_buff *skb, const struct pkt *p)
 
 	if (nat_rewrite(skb, p, 0, p->saddr, vip, p->sport, vip_port) < 0)
 		return TCX_DROP;
+	if (p->frag)
+		frag_remember(p, CT_REPLY, vip, svc_id);
 	count_packet(svc_id, skb->len);
 	return TCX_NEXT;
 }
@@ -956,12 +1095,255 @@ store_reply:
 rewrite:
 	if (nat_rewrite(skb, p, 1, p->daddr, baddr, p->dport, bport) < 0)
 		return TCX_DROP;
+	if (p->frag)
+		frag_remember(p, CT_FORWARD, baddr, svc_id);
 	count_packet(svc_id, skb->len);
 	return TCX_NEXT;
 
 no_backend:
 	count_drop(svc_id, LB_DROP_NO_BACKEND);
 	return TCX_DROP;
+}
+
+/* A later fragment (no ports): the translation of its datagram's first
+ * fragment, address only; the L4 checksum is in the first fragment. With
+ * no entry (the first fragment was not seen, or came later), a fragment
+ * to a VIP cannot be mapped to a backend and is dropped; any other
+ * passes. */
+__noinline int handle_fragment(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct lb_frag_key key = { .dir = CT_FORWARD };
+	struct lb_frag *f;
+	__u32 addr[4];
+	__u32 svc_id;
+	int dst = 1;
+
+	if (!p)
+		return TCX_DROP;
+	__builtin_memcpy(key.saddr, p->saddr, 16);
+	__builtin_memcpy(key.daddr, p->daddr, 16);
+	key.id = p->frag_id;
+	key.proto = p->proto;
+	f = bpf_map_lookup_elem(&l4xds_frags, &key);
+	if (!f) {
+		key.dir = CT_REPLY;
+		dst = 0;
+		f = bpf_map_lookup_elem(&l4xds_frags, &key);
+	}
+	if (!f)
+		return drop_if_vip(p, LB_DROP_FRAGMENT);
+	__builtin_memcpy(addr, f->addr, 16);
+	svc_id = f->svc_id;
+	if (is_v4mapped(addr) == p->v6)
+		return TCX_NEXT;
+	if (frag_rewrite(skb, p, dst, dst ? p->daddr : p->saddr, addr) < 0)
+		return TCX_DROP;
+	count_packet(svc_id, skb->len);
+	return TCX_NEXT;
+}
+
+static __always_inline int icmp_is_error(const struct pkt *p, __u8 type)
+{
+	if (p->v6)
+		return type == ICMPV6_DEST_UNREACH || type == ICMPV6_PKT_TOOBIG ||
+		       type == ICMPV6_TIME_EXCEED;
+	return type == ICMP_DEST_UNREACH || type == ICMP_TIME_EXCEEDED;
+}
+
+/* The fields of an ICMP error's quote that translation changes. All sit at
+ * even offsets of the ICMP message, so the change of the message's sum is
+ * one bpf_csum_diff of their old and new values. */
+struct icmp_quote_fields {
+	__u32 addr[4];    /* the inner address rewritten (IPv4-mapped) */
+	__be16 ports[2];  /* inner source and destination port */
+	__sum16 ip_check; /* inner IPv4 header checksum; 0 for IPv6 */
+	__sum16 l4_check; /* inner L4 checksum if quoted, else 0 */
+};
+
+/* The first 8 bytes of the quoted L4 header (RFC 792 guarantees them):
+ * the ports, and for UDP the checksum. */
+struct icmp_quote_l4 {
+	__be16 ports[2];
+	__be16 len;
+	__sum16 check;
+};
+
+/* An ICMP or ICMPv6 error about a packet of a translated flow, so that
+ * PMTU discovery and port unreachable work through the VIP. The error goes
+ * to the source of the packet it quotes:
+ *  - a backend's (or a router's behind it) error to a client quotes
+ *    client -> backend:bport (after DNAT); the client must see VIP:vport
+ *    as the destination, and the VIP as the error's source (a router's
+ *    internal address would not make it through the client's network);
+ *  - a client's error to the VIP quotes VIP:vport -> client (a reply
+ *    after reverse NAT); the backend must see its own address and port
+ *    as the source, and get the error.
+ * The quoted L4 checksum is fixed as well when quoted (always for UDP,
+ * for TCP with 18 bytes of header), so the quote is the packet as its
+ * sender sent it, although Linux does not check it. Every checksum is
+ * updated from the same differences, so the packet's total sum stays the
+ * same (skb->csum of CHECKSUM_COMPLETE holds). Errors without a flow pass
+ * untouched. */
+__noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct icmp_err_hdr icmp;
+	struct icmp_quote_l4 l4h;
+	struct icmp_quote_fields old = {}, new = {};
+	struct lb_ct_key key = {};
+	struct lb_ct_entry *e;
+	__u32 outer_old[4];
+	__u32 icmp_off, in_off, in_l3, l4_off, quote, l4_check_off = 0;
+	__u32 addr_diff, port_diff, outer_diff;
+	__u32 svc_id;
+	__be16 new_port;
+	__s64 s;
+	int reply;
+
+	if (!p)
+		return TCX_DROP;
+	icmp_off = ETH_HLEN + p->l3_len;
+	if (p->l4_len < sizeof(icmp) ||
+	    bpf_skb_load_bytes(skb, icmp_off, &icmp, sizeof(icmp)) < 0)
+		return TCX_NEXT;
+	if (!icmp_is_error(p, icmp.type))
+		return TCX_NEXT;
+	in_off = icmp_off + sizeof(icmp);
+	if (skb->len < in_off)
+		return TCX_NEXT;
+	quote = p->l4_len - sizeof(icmp);
+	if (quote > skb->len - in_off)
+		quote = skb->len - in_off;
+
+	if (p->v6) {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, in_off, &ip6, sizeof(ip6)) < 0 ||
+		    ip6.version != 6)
+			return TCX_NEXT;
+		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
+			return TCX_NEXT;
+		key.proto = ip6.nexthdr;
+		__builtin_memcpy(key.saddr, &ip6.daddr, 16);
+		__builtin_memcpy(key.daddr, &ip6.saddr, 16);
+		in_l3 = sizeof(ip6);
+	} else {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, in_off, &ip, sizeof(ip)) < 0 ||
+		    ip.version != 4 || ip.ihl < 5)
+			return TCX_NEXT;
+		if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+			return TCX_NEXT;
+		/* A later fragment quotes no ports. */
+		if (ip.frag_off & bpf_htons(IP_OFFSET))
+			return TCX_NEXT;
+		key.proto = ip.protocol;
+		key.saddr[2] = bpf_htonl(0x0000ffff);
+		key.saddr[3] = ip.daddr;
+		key.daddr[2] = bpf_htonl(0x0000ffff);
+		key.daddr[3] = ip.saddr;
+		old.ip_check = ip.check;
+		in_l3 = ip.ihl * 4;
+	}
+	if (!addr_eq(p->daddr, key.daddr) || quote < in_l3 + sizeof(l4h))
+		return TCX_NEXT;
+	l4_off = in_off + in_l3;
+	if (bpf_skb_load_bytes(skb, l4_off, &l4h, sizeof(l4h)) < 0)
+		return TCX_NEXT;
+	/* The flow's entry seen from the quoted packet's receiver. */
+	key.sport = l4h.ports[1];
+	key.dport = l4h.ports[0];
+	key.dir = CT_REPLY;
+	e = bpf_map_lookup_elem(&l4xds_ct, &key);
+	if (e) {
+		reply = 1;
+		svc_id = e->svc_id;
+		__builtin_memcpy(old.addr, key.saddr, 16); /* the backend */
+		__builtin_memcpy(new.addr, e->vip, 16);
+		new_port = e->vip_port;
+		__builtin_memcpy(outer_old, p->saddr, 16);
+	} else {
+		struct lb_backend *be;
+
+		key.dir = CT_FORWARD;
+		e = bpf_map_lookup_elem(&l4xds_ct, &key);
+		if (!e)
+			return TCX_NEXT;
+		svc_id = e->svc_id;
+		be = bpf_map_lookup_elem(&l4xds_backends, &e->backend_id);
+		if (!be || be->svc_id != svc_id)
+			return TCX_NEXT;
+		reply = 0;
+		__builtin_memcpy(old.addr, key.daddr, 16); /* the VIP */
+		__builtin_memcpy(new.addr, be->addr, 16);
+		new_port = be->port;
+		__builtin_memcpy(outer_old, p->daddr, 16);
+	}
+	if (is_v4mapped(new.addr) == p->v6)
+		return TCX_NEXT;
+
+	old.ports[0] = l4h.ports[0];
+	old.ports[1] = l4h.ports[1];
+	if (key.proto == IPPROTO_UDP) {
+		l4_check_off = l4_off + offsetof(struct udphdr, check);
+		old.l4_check = l4h.check;
+	} else if (quote >= in_l3 + offsetof(struct tcp_hdr, check) + 2) {
+		l4_check_off = l4_off + offsetof(struct tcp_hdr, check);
+		if (bpf_skb_load_bytes(skb, l4_check_off, &old.l4_check, 2) < 0)
+			return TCX_NEXT;
+	}
+	new.ports[0] = reply ? old.ports[0] : new_port;
+	new.ports[1] = reply ? new_port : old.ports[1];
+	addr_diff = csum_diff_addr(old.addr, new.addr);
+	s = bpf_csum_diff((__be32 *)old.ports, 4, (__be32 *)new.ports, 4, 0);
+	port_diff = s < 0 ? 0 : (__u32)s;
+	new.ip_check = p->v6 ? 0 : csum_update(old.ip_check, addr_diff);
+	new.l4_check = old.l4_check;
+	/* A UDP checksum of zero is none (IPv4), and stays so. */
+	if (l4_check_off && (key.proto != IPPROTO_UDP || old.l4_check)) {
+		new.l4_check = csum_update(old.l4_check,
+					   csum_add(addr_diff, port_diff));
+		if (key.proto == IPPROTO_UDP && !new.l4_check)
+			new.l4_check = 0xffff;
+	}
+	/* ICMPv6 covers the outer addresses through its pseudo-header. */
+	outer_diff = csum_diff_addr(outer_old, new.addr);
+	s = bpf_csum_diff((__be32 *)&old, sizeof(old), (__be32 *)&new,
+			  sizeof(new), p->v6 ? outer_diff : 0);
+	if (s < 0)
+		return TCX_NEXT;
+	icmp.checksum = csum_update(icmp.checksum, (__u32)s);
+
+	if (p->v6) {
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + (reply ? offsetof(struct ipv6hdr, saddr)
+							      : offsetof(struct ipv6hdr, daddr)),
+					new.addr, 16, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, in_off + (reply ? offsetof(struct ipv6hdr, daddr)
+							   : offsetof(struct ipv6hdr, saddr)),
+					new.addr, 16, 0) < 0)
+			return TCX_DROP;
+	} else {
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
+					outer_old[3], new.addr[3], 4) < 0 ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN + (reply ? offsetof(struct iphdr, saddr)
+							      : offsetof(struct iphdr, daddr)),
+					&new.addr[3], 4, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, in_off + (reply ? offsetof(struct iphdr, daddr)
+							   : offsetof(struct iphdr, saddr)),
+					&new.addr[3], 4, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, in_off + offsetof(struct iphdr, check),
+					&new.ip_check, 2, 0) < 0)
+			return TCX_DROP;
+	}
+	if (bpf_skb_store_bytes(skb, icmp_off + offsetof(struct icmp_err_hdr, checksum),
+				&icmp.checksum, 2, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, l4_off, new.ports, 4, 0) < 0)
+		return TCX_DROP;
+	if (l4_check_off &&
+	    bpf_skb_store_bytes(skb, l4_check_off, &new.l4_check, 2, 0) < 0)
+		return TCX_DROP;
+	count_packet(svc_id, skb->len);
+	return TCX_NEXT;
 }
 
 SEC("tcx/ingress")
@@ -974,7 +1356,9 @@ int l4xds_ingress(struct __sk_buff *skb)
 	case PARSE_OK:
 		break;
 	case PARSE_FRAGMENT:
-		return drop_if_vip(&p, LB_DROP_FRAGMENT);
+		return handle_fragment(skb, &p);
+	case PARSE_ICMP:
+		return handle_icmp_error(skb, &p);
 	case PARSE_MALFORMED:
 		return drop_if_vip(&p, LB_DROP_MALFORMED);
 	default:

@@ -21,6 +21,7 @@
 #define LB_CT_MAX (1 << 20)
 #define LB_AFFINITY_MAX (1 << 16)
 #define LB_SOURCE_RANGES_MAX 65536
+#define LB_FRAGS_MAX 8192
 
 /* tcx verdicts (uapi linux/bpf.h since 6.6; defined here so the programs
  * build against older UAPI headers). */
@@ -106,6 +107,25 @@ struct lb_ct_entry {
 #define CT_LIFETIME_TCP_CLOSING 10
 #define CT_LIFETIME_NONTCP 60
 
+/* A fragmented datagram through the load balancer: only its first fragment
+ * carries the ports, so the address its flow was translated to is kept
+ * here for the later fragments, which have the same addresses, protocol
+ * and IP ID. */
+struct lb_frag_key {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u32 id;   /* IPv6: the 32-bit identification; IPv4: the 16-bit ID, zero-extended (both as loaded) */
+	__u8 proto;
+	__u8 dir;   /* CT_FORWARD (client -> VIP) or CT_REPLY (backend -> client) */
+	__u8 pad[2];
+};
+
+struct lb_frag {
+	__u32 addr[4]; /* CT_FORWARD: the backend (new destination); CT_REPLY: the VIP (new source) */
+	__u32 svc_id;
+	__u32 pad;
+};
+
 struct lb_affinity_key {
 	__u32 client[4];
 	__u32 svc_id;
@@ -129,7 +149,7 @@ enum {
 	LB_DROP_NO_BACKEND = 0,   /* no usable backend: rejected (RST / ICMP) */
 	LB_DROP_SOURCE_RANGE = 1, /* client outside the source ranges */
 	LB_DROP_UNKNOWN_PORT = 2, /* a VIP, but no service on this port/protocol */
-	LB_DROP_FRAGMENT = 3,     /* IP fragment to a VIP (not supported) */
+	LB_DROP_FRAGMENT = 3,     /* later IP fragment to a VIP whose first fragment was not seen */
 	LB_DROP_MALFORMED = 4,    /* truncated headers to a VIP */
 	LB_DROP_BACKEND_FAMILY = 5, /* backend of another IP family than the VIP */
 	LB_DROP_MAX = 6,

@@ -51,6 +51,15 @@ type datapath struct {
 
 func newDatapath(t *testing.T) *datapath {
 	t.Helper()
+	d := &datapath{t: t}
+	load(t, &d.objs, nil)
+	t.Cleanup(func() { d.objs.Close() })
+	return d
+}
+
+// load loads the program with unpinned maps sized for tests.
+func load(t *testing.T, objs *L4xdsObjects, opts *ebpf.CollectionOptions) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads BPF programs and runs them with BPF_PROG_RUN")
 	}
@@ -64,21 +73,19 @@ func newDatapath(t *testing.T) *datapath {
 	// LRU maps are preallocated: keep them small in tests.
 	spec.Maps[L4xdsMapL4xdsCt].MaxEntries = 4096
 	spec.Maps[L4xdsMapL4xdsAffinity].MaxEntries = 1024
+	spec.Maps[L4xdsMapL4xdsFrags].MaxEntries = 1024
 	spec.Maps[L4xdsMapL4xdsStats].MaxEntries = 64
 	spec.Maps[L4xdsMapL4xdsMaglev].InnerMap.MaxEntries = testMaglevN
 	if err := spec.Variables[L4xdsVarMaglevSize].Set(uint32(testMaglevN)); err != nil {
 		t.Fatal(err)
 	}
-	d := &datapath{t: t}
-	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
+	if err := spec.LoadAndAssign(objs, opts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			t.Fatalf("load: %+v", ve)
 		}
 		t.Fatalf("load: %v", err)
 	}
-	t.Cleanup(func() { d.objs.Close() })
-	return d
 }
 
 func (d *datapath) must(err error, what string, args ...any) {
@@ -214,4 +221,16 @@ func (d *datapath) ct(key L4xdsLbCtKey) (L4xdsLbCtEntry, bool) {
 func (d *datapath) putCT(key L4xdsLbCtKey, e L4xdsLbCtEntry) {
 	d.t.Helper()
 	d.must(d.objs.L4xdsCt.Put(&key, &e), "ct update")
+}
+
+// frag returns the l4xds_frags entry of a datagram, if any.
+func (d *datapath) frag(key L4xdsLbFragKey) (L4xdsLbFrag, bool) {
+	d.t.Helper()
+	var f L4xdsLbFrag
+	err := d.objs.L4xdsFrags.Lookup(&key, &f)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return f, false
+	}
+	d.must(err, "frag lookup")
+	return f, true
 }

@@ -58,6 +58,23 @@ type L4xdsLbCtKey struct {
 	Pad   [2]uint8
 }
 
+type L4xdsLbFrag struct {
+	_     structs.HostLayout
+	Addr  [4]uint32
+	SvcId uint32
+	Pad   uint32
+}
+
+type L4xdsLbFragKey struct {
+	_     structs.HostLayout
+	Saddr [4]uint32
+	Daddr [4]uint32
+	Id    uint32
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
 type L4xdsLbSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -95,6 +112,7 @@ const (
 	L4xdsMapL4xdsAffinity = "l4xds_affinity"
 	L4xdsMapL4xdsBackends = "l4xds_backends"
 	L4xdsMapL4xdsCt       = "l4xds_ct"
+	L4xdsMapL4xdsFrags    = "l4xds_frags"
 	L4xdsMapL4xdsMaglev   = "l4xds_maglev"
 	L4xdsMapL4xdsServices = "l4xds_services"
 	L4xdsMapL4xdsSrcrange = "l4xds_srcrange"
@@ -156,6 +174,7 @@ type L4xdsMapSpecs struct {
 	L4xdsAffinity *ebpf.MapSpec `ebpf:"l4xds_affinity"`
 	L4xdsBackends *ebpf.MapSpec `ebpf:"l4xds_backends"`
 	L4xdsCt       *ebpf.MapSpec `ebpf:"l4xds_ct"`
+	L4xdsFrags    *ebpf.MapSpec `ebpf:"l4xds_frags"`
 	L4xdsMaglev   *ebpf.MapSpec `ebpf:"l4xds_maglev"`
 	L4xdsServices *ebpf.MapSpec `ebpf:"l4xds_services"`
 	L4xdsSrcrange *ebpf.MapSpec `ebpf:"l4xds_srcrange"`
@@ -193,6 +212,7 @@ type L4xdsMaps struct {
 	L4xdsAffinity *ebpf.Map `ebpf:"l4xds_affinity"`
 	L4xdsBackends *ebpf.Map `ebpf:"l4xds_backends"`
 	L4xdsCt       *ebpf.Map `ebpf:"l4xds_ct"`
+	L4xdsFrags    *ebpf.Map `ebpf:"l4xds_frags"`
 	L4xdsMaglev   *ebpf.Map `ebpf:"l4xds_maglev"`
 	L4xdsServices *ebpf.Map `ebpf:"l4xds_services"`
 	L4xdsSrcrange *ebpf.Map `ebpf:"l4xds_srcrange"`
@@ -205,6 +225,7 @@ func (m *L4xdsMaps) Close() error {
 		m.L4xdsAffinity,
 		m.L4xdsBackends,
 		m.L4xdsCt,
+		m.L4xdsFrags,
 		m.L4xdsMaglev,
 		m.L4xdsServices,
 		m.L4xdsSrcrange,

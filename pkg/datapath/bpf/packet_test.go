@@ -17,6 +17,8 @@ const (
 	protoTCP    = 6
 	protoUDP    = 17
 	protoICMPv6 = 58
+	// protoFragment is the IPv6 Fragment header's next-header number.
+	protoFragment = 44
 
 	tcpFIN = 0x01
 	tcpSYN = 0x02
@@ -176,6 +178,61 @@ func ether(src, dst []byte, ip []byte) []byte {
 		b = append(b, 0x86, 0xdd)
 	}
 	return append(b, ip...)
+}
+
+// fragments is the segment's datagram as its sender's kernel fragments
+// it: the IP payload (L4 header and data) cut at the given byte offsets
+// (multiples of 8), each piece in its own IPv4 packet, or IPv6 packet with
+// a Fragment header, all with the same IP ID.
+func (s segment) fragments(id uint32, cuts ...int) [][]byte {
+	l4 := s.l4()
+	var frames [][]byte
+	for i, off := range append([]int{0}, cuts...) {
+		end := len(l4)
+		if i < len(cuts) {
+			end = cuts[i]
+		}
+		more := end < len(l4)
+		var ip []byte
+		if s.src.Addr().Is4() {
+			fo := uint16(off / 8)
+			if more {
+				fo |= 0x2000 // MF
+			}
+			ip = ipPacket(s.src.Addr(), s.dst.Addr(), s.proto, l4[off:end], ipv4Opts{fragOff: fo, id: uint16(id)})
+		} else {
+			fh := []byte{s.proto, 0}
+			fo := uint16(off) // the offset in 8-byte units, shifted left by 3
+			if more {
+				fo |= 1 // M
+			}
+			fh = binary.BigEndian.AppendUint16(fh, fo)
+			fh = binary.BigEndian.AppendUint32(fh, id)
+			ip = ipPacket(s.src.Addr(), s.dst.Addr(), protoFragment, append(fh, l4[off:end]...), ipv4Opts{})
+		}
+		frames = append(frames, ether(clientMAC, lbMAC, ip))
+	}
+	return frames
+}
+
+// icmpError is an ICMP (IPv4) or ICMPv6 error from src to dst quoting the
+// first n bytes of the IP packet in frame (all of it if n is 0); rest is
+// the header's last 4 bytes (the MTU of frag-needed and packet too big).
+func icmpError(src, dst netip.Addr, typ, code uint8, rest uint32, frame []byte, n int) []byte {
+	quote := frame[14:]
+	if n > 0 {
+		quote = quote[:n]
+	}
+	msg := binary.BigEndian.AppendUint32([]byte{typ, code, 0, 0}, rest)
+	msg = append(msg, quote...)
+	proto := uint8(protoICMP)
+	if src.Is4() {
+		binary.BigEndian.PutUint16(msg[2:], checksum(msg))
+	} else {
+		proto = protoICMPv6
+		binary.BigEndian.PutUint16(msg[2:], checksum(pseudoHeader(src, dst, proto, len(msg)), msg))
+	}
+	return ether(clientMAC, lbMAC, ipPacket(src, dst, proto, msg, ipv4Opts{}))
 }
 
 // rst is the reset the datapath answers seg with (RFC 793): it takes its
@@ -350,5 +407,14 @@ func verifyChecksums(t *testing.T, name string, f []byte) {
 	}
 	if c != 0 {
 		t.Errorf("%s: bad protocol %d checksum (sum %#04x)", name, proto, c)
+	}
+	// An ICMP error quotes an IPv4 header with its own checksum.
+	if (proto == protoICMP || proto == protoICMPv6) && len(l4) >= 8+20 && l4[8]>>4 == 4 {
+		inner := l4[8:]
+		if hlen := int(inner[0]&0x0f) * 4; hlen <= len(inner) {
+			if c := checksum(inner[:hlen]); c != 0 {
+				t.Errorf("%s: bad quoted IPv4 header checksum (sum %#04x)", name, c)
+			}
+		}
 	}
 }
