@@ -31,6 +31,8 @@ const (
 	kindTimeout     = "timeout"
 	kindReset       = "connection reset"
 	kindNoAnswer    = "closed without answer"
+	kindShort       = "short answer"   // --size: fewer bytes than sent (or than the TCP echo needs)
+	kindGarbled     = "garbled answer" // --size: wrong length or bytes, no backend name
 	kindOther       = "other"
 )
 
@@ -39,6 +41,7 @@ type Report struct {
 	To       string `json:"to"`
 	Proto    string `json:"proto"`
 	Flows    int    `json:"flows"`
+	Size     int    `json:"size,omitempty"` // bytes of each request (--size; 0: small)
 	Answered int    `json:"answered"`
 	// Backends counts the flows each backend (by its serve --name) answered.
 	Backends map[string]int `json:"backends"`
@@ -50,7 +53,7 @@ type Report struct {
 func probeCommand() *cobra.Command {
 	var (
 		to, proto, output string
-		flows, conc       int
+		flows, conc, size int
 		timeout           time.Duration
 		configured        []string
 	)
@@ -61,6 +64,11 @@ func probeCommand() *cobra.Command {
 TCP connects and reads the server's name; UDP sends a datagram on a connected
 socket and reads the answer. Prints the flows per backend and the failures by
 kind: "connection refused", "ICMP unreachable", "timeout", ...
+With --size N, UDP sends an N-byte datagram (to a serve --udp-padded
+address, which answers with as many bytes) and TCP sends an N-byte line
+after the name (which serve echoes after "NAME "); every byte of the answer
+is checked, and a flow whose answer is cut short or differs fails as
+"short answer" or "garbled answer".
 With --backend NAME=WEIGHT[:STATE] for each configured backend, the text
 report shows every backend's expected share of new flows beside the measured
 one (only active backends expect new flows).
@@ -76,6 +84,9 @@ Exits 1 when a flow failed (after printing the report).`,
 			if flows < 1 || conc < 1 {
 				return errors.New("--flows and --concurrency must be at least 1")
 			}
+			if size < 0 || size > maxLine {
+				return fmt.Errorf("--size %d: want 0 (small default) to %d bytes", size, maxLine)
+			}
 			if output != "text" && output != "json" {
 				return fmt.Errorf("-o %q: want text or json", output)
 			}
@@ -83,7 +94,7 @@ Exits 1 when a flow failed (after printing the report).`,
 			if err != nil {
 				return err
 			}
-			r := probe(to, proto, flows, conc, timeout)
+			r := probe(to, proto, flows, conc, size, timeout)
 			if output == "json" {
 				enc := json.NewEncoder(os.Stdout)
 				enc.SetIndent("", "  ")
@@ -102,14 +113,15 @@ Exits 1 when a flow failed (after printing the report).`,
 	f.StringVar(&proto, "proto", "tcp", "tcp or udp")
 	f.IntVar(&flows, "flows", 100, "Number of new flows")
 	f.IntVar(&conc, "concurrency", 16, "Flows in flight at once")
+	f.IntVar(&size, "size", 0, "Request size in bytes, answered in full and checked (0: a small request, the name as answer)")
 	f.DurationVar(&timeout, "timeout", time.Second, "Time a flow may take")
 	f.StringVarP(&output, "output", "o", "text", "text or json")
 	f.StringArrayVar(&configured, "backend", nil, "A configured backend, NAME=WEIGHT[:STATE] (repeatable; STATE default active)")
 	return cmd
 }
 
-func probe(to, proto string, flows, conc int, timeout time.Duration) *Report {
-	r := &Report{To: to, Proto: proto, Flows: flows,
+func probe(to, proto string, flows, conc, size int, timeout time.Duration) *Report {
+	r := &Report{To: to, Proto: proto, Flows: flows, Size: size,
 		Backends: map[string]int{}, Errors: map[string]int{}, Examples: map[string]string{}}
 	var mu sync.Mutex
 	work := make(chan struct{})
@@ -117,7 +129,7 @@ func probe(to, proto string, flows, conc int, timeout time.Duration) *Report {
 	for range min(conc, flows) {
 		wg.Go(func() {
 			for range work {
-				name, err := flow(to, proto, timeout)
+				name, err := flow(to, proto, size, timeout)
 				mu.Lock()
 				if err != nil {
 					kind := errorKind(proto, err)
@@ -142,19 +154,24 @@ func probe(to, proto string, flows, conc int, timeout time.Duration) *Report {
 }
 
 // flow opens one new flow and returns the name of the backend that answered.
-func flow(to, proto string, timeout time.Duration) (string, error) {
+func flow(to, proto string, size int, timeout time.Duration) (string, error) {
 	c, err := net.DialTimeout(proto, to, timeout)
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(timeout))
-	if proto == "tcp" {
+	switch {
+	case proto == "tcp" && size > 0:
+		return sizedTCP(c, size)
+	case proto == "tcp":
 		name, err := bufio.NewReader(c).ReadString('\n')
 		if err != nil {
 			return "", err
 		}
 		return strings.TrimSpace(name), nil
+	case size > 0:
+		return sizedUDP(c, size)
 	}
 	if _, err := c.Write([]byte("probe")); err != nil {
 		return "", err
@@ -169,7 +186,10 @@ func flow(to, proto string, timeout time.Duration) (string, error) {
 
 func errorKind(proto string, err error) string {
 	var ne net.Error
+	var ae *answerError
 	switch {
+	case errors.As(err, &ae):
+		return ae.kind
 	case errors.Is(err, syscall.ECONNREFUSED):
 		if proto == "udp" {
 			return kindUnreachable
@@ -213,7 +233,11 @@ func parseBackends(specs []string) ([]backend, error) {
 }
 
 func (r *Report) print(w io.Writer, configured []backend) {
-	fmt.Fprintf(w, "%s %s: %d flows, %d answered, %d failed\n", r.Proto, r.To, r.Flows, r.Answered, r.Flows-r.Answered)
+	sized := ""
+	if r.Size > 0 {
+		sized = fmt.Sprintf(" of %d bytes", r.Size)
+	}
+	fmt.Fprintf(w, "%s %s: %d flows%s, %d answered, %d failed\n", r.Proto, r.To, r.Flows, sized, r.Answered, r.Flows-r.Answered)
 	share := func(n, of int) string {
 		if of == 0 {
 			return "-"

@@ -24,7 +24,7 @@ func TestProbeCountsAnswersAndClassifiesFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	go serveUDP(c, "udp-server")
+	go serveUDP(c, "udp-server", false)
 	closedTCP, closedUDP := closedPort(t, "tcp"), closedPort(t, "udp")
 
 	for _, tc := range []struct {
@@ -38,7 +38,7 @@ func TestProbeCountsAnswersAndClassifiesFailures(t *testing.T) {
 		{"udp ICMP unreachable", closedUDP, "udp", map[string]int{}, map[string]int{kindUnreachable: 20}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := probe(tc.to, tc.proto, 20, 4, 2*time.Second)
+			r := probe(tc.to, tc.proto, 20, 4, 0, 2*time.Second)
 			if !equal(r.Backends, tc.answered) || !equal(r.Errors, tc.failed) {
 				var out bytes.Buffer
 				r.print(&out, nil)
