@@ -8,6 +8,9 @@
 //	                                           br0 (192.168.1.1, fd01::1)
 //	backend i (192.168.1.1i, fd01::1i) ── eth0 ═ bi ─┘
 //
+// NewRouted puts a router between the client and the LB instead, whose
+// path to the client is narrower than the links (see NewRouted).
+//
 // The client and the backends route everything through the LB, which
 // forwards (rp_filter off) and is where the datapath attaches: a packet from
 // the client to a VIP enters the LB on c0, a backend's reply enters it on
@@ -51,6 +54,17 @@ var (
 	maxBackends = 90 // 192.168.1.10 .. 192.168.1.99
 )
 
+// Addresses of a routed topology (NewRouted): the router takes the client's
+// place on the LB's link, the client sits in a subnet of its own behind it.
+var (
+	RouterIPv4       = ClientIPv4
+	RouterIPv6       = ClientIPv6
+	RoutedClientIPv4 = netip.MustParseAddr("10.0.1.2")
+	RoutedClientIPv6 = netip.MustParseAddr("fd00:1::2")
+	routerInnerIPv4  = netip.MustParseAddr("10.0.1.1")
+	routerInnerIPv6  = netip.MustParseAddr("fd00:1::1")
+)
+
 // Backend is one backend namespace.
 type Backend struct {
 	NS string
@@ -65,6 +79,13 @@ type Topology struct {
 	Client   string
 	LB       string
 	Backends []Backend
+	// ClientIPv4 and ClientIPv6 are the client's addresses.
+	ClientIPv4, ClientIPv6 netip.Addr
+	// Router is the namespace between the client and the LB, "" when the
+	// client is the LB's neighbour.
+	Router string
+	// ClientPathMTU is the MTU of the router's route to the client.
+	ClientPathMTU int
 }
 
 // BackendIPv4 is the IPv4 address of backend i (192.168.1.1i).
@@ -86,10 +107,36 @@ func UniquePrefix() string {
 // New creates the topology with the given number of backends. On error,
 // what was created is deleted again.
 func New(prefix string, backends int) (*Topology, error) {
+	return newTopology(prefix, backends, 0)
+}
+
+// NewRouted creates the topology with a router namespace between the
+// client and the LB:
+//
+//	client (10.0.1.2, fd00:1::2) ── eth0 ═ eth1 ── router ── eth0 (10.0.0.2, fd00::2) ═ c0 ── LB
+//
+// Every link has an MTU of 1500, but the router's route to the client's
+// subnet has a locked MTU of pathMTU: the client advertises a TCP MSS for
+// 1500, and the router, not the client, answers a larger packet (IPv4 with
+// DF set, any IPv6 one) with ICMP "fragmentation needed" / ICMPv6 "packet
+// too big", sent to the packet's source: for a backend's reply, the VIP.
+func NewRouted(prefix string, backends, pathMTU int) (*Topology, error) {
+	if pathMTU < 1280 || pathMTU >= 1500 {
+		return nil, fmt.Errorf("netns: client path MTU %d: want 1280..1499 (IPv6 minimum to below the links' 1500)", pathMTU)
+	}
+	return newTopology(prefix, backends, pathMTU)
+}
+
+func newTopology(prefix string, backends, pathMTU int) (*Topology, error) {
 	if backends < 1 || backends > maxBackends {
 		return nil, fmt.Errorf("netns: %d backends: want 1..%d", backends, maxBackends)
 	}
-	t := &Topology{Prefix: prefix, Client: prefix + "-client", LB: prefix + "-lb"}
+	t := &Topology{Prefix: prefix, Client: prefix + "-client", LB: prefix + "-lb",
+		ClientIPv4: ClientIPv4, ClientIPv6: ClientIPv6}
+	if pathMTU != 0 {
+		t.Router, t.ClientPathMTU = prefix+"-router", pathMTU
+		t.ClientIPv4, t.ClientIPv6 = RoutedClientIPv4, RoutedClientIPv6
+	}
 	for i := range backends {
 		t.Backends = append(t.Backends, Backend{
 			NS:     fmt.Sprintf("%s-b%d", prefix, i),
@@ -107,6 +154,9 @@ func New(prefix string, backends int) (*Topology, error) {
 // Namespaces lists every namespace of the topology.
 func (t *Topology) Namespaces() []string {
 	ns := []string{t.Client, t.LB}
+	if t.Router != "" {
+		ns = append(ns, t.Router)
+	}
 	for _, b := range t.Backends {
 		ns = append(ns, b.NS)
 	}
@@ -127,17 +177,28 @@ func (t *Topology) create() error {
 		}
 	}
 	lb := t.LB
-	// The LB forwards; rp_filter off because replies and DNATed packets
-	// cross interfaces a strict reverse-path check would not expect.
-	if err := sysctl(lb,
-		"net.ipv4.ip_forward=1",
-		"net.ipv6.conf.all.forwarding=1",
-		"net.ipv4.conf.all.rp_filter=0",
-		"net.ipv4.conf.default.rp_filter=0"); err != nil {
-		return err
+	// The LB (and the router) forward; rp_filter off because replies and
+	// DNATed packets cross interfaces a strict reverse-path check would not
+	// expect.
+	for _, ns := range []string{lb, t.Router} {
+		if ns == "" {
+			continue
+		}
+		if err := sysctl(ns,
+			"net.ipv4.ip_forward=1",
+			"net.ipv6.conf.all.forwarding=1",
+			"net.ipv4.conf.all.rp_filter=0",
+			"net.ipv4.conf.default.rp_filter=0"); err != nil {
+			return err
+		}
+	}
+	// The LB's neighbour on c0: the client, or the router.
+	neighbour := t.Client
+	if t.Router != "" {
+		neighbour = t.Router
 	}
 	steps := [][]string{
-		{"-n", lb, "link", "add", ClientDevice, "type", "veth", "peer", "name", "eth0", "netns", t.Client},
+		{"-n", lb, "link", "add", ClientDevice, "type", "veth", "peer", "name", "eth0", "netns", neighbour},
 		{"-n", lb, "addr", "add", LBIPv4.String() + "/24", "dev", ClientDevice},
 		{"-n", lb, "addr", "add", LBIPv6.String() + "/64", "dev", ClientDevice, "nodad"},
 		{"-n", lb, "link", "set", ClientDevice, "up"},
@@ -146,11 +207,32 @@ func (t *Topology) create() error {
 		{"-n", lb, "addr", "add", BridgeIPv6.String() + "/64", "dev", BridgeDevice, "nodad"},
 		{"-n", lb, "link", "set", BridgeDevice, "up"},
 
-		{"-n", t.Client, "addr", "add", ClientIPv4.String() + "/24", "dev", "eth0"},
-		{"-n", t.Client, "addr", "add", ClientIPv6.String() + "/64", "dev", "eth0", "nodad"},
-		{"-n", t.Client, "link", "set", "eth0", "up"},
-		{"-n", t.Client, "route", "add", "default", "via", LBIPv4.String()},
-		{"-n", t.Client, "-6", "route", "add", "default", "via", LBIPv6.String()},
+		{"-n", neighbour, "addr", "add", ClientIPv4.String() + "/24", "dev", "eth0"},
+		{"-n", neighbour, "addr", "add", ClientIPv6.String() + "/64", "dev", "eth0", "nodad"},
+		{"-n", neighbour, "link", "set", "eth0", "up"},
+		{"-n", neighbour, "route", "add", "default", "via", LBIPv4.String()},
+		{"-n", neighbour, "-6", "route", "add", "default", "via", LBIPv6.String()},
+	}
+	if t.Router != "" {
+		r, mtu := t.Router, strconv.Itoa(t.ClientPathMTU)
+		steps = append(steps,
+			[]string{"-n", lb, "route", "add", subnet(RoutedClientIPv4), "via", RouterIPv4.String()},
+			[]string{"-n", lb, "-6", "route", "add", subnet(RoutedClientIPv6), "via", RouterIPv6.String()},
+			[]string{"-n", r, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", t.Client},
+			// noprefixroute: the routes to the client's subnet are added
+			// below, with the narrow path's MTU, locked so that forwarding
+			// honours it for IPv6 as well.
+			[]string{"-n", r, "addr", "add", routerInnerIPv4.String() + "/24", "dev", "eth1", "noprefixroute"},
+			[]string{"-n", r, "addr", "add", routerInnerIPv6.String() + "/64", "dev", "eth1", "nodad", "noprefixroute"},
+			[]string{"-n", r, "link", "set", "eth1", "up"},
+			[]string{"-n", r, "route", "add", subnet(RoutedClientIPv4), "dev", "eth1", "src", routerInnerIPv4.String(), "mtu", "lock", mtu},
+			[]string{"-n", r, "-6", "route", "add", subnet(RoutedClientIPv6), "dev", "eth1", "mtu", "lock", mtu},
+			[]string{"-n", t.Client, "addr", "add", RoutedClientIPv4.String() + "/24", "dev", "eth0"},
+			[]string{"-n", t.Client, "addr", "add", RoutedClientIPv6.String() + "/64", "dev", "eth0", "nodad"},
+			[]string{"-n", t.Client, "link", "set", "eth0", "up"},
+			[]string{"-n", t.Client, "route", "add", "default", "via", routerInnerIPv4.String()},
+			[]string{"-n", t.Client, "-6", "route", "add", "default", "via", routerInnerIPv6.String()},
+		)
 	}
 	for _, b := range t.Backends {
 		steps = append(steps,
@@ -181,6 +263,15 @@ func (t *Topology) create() error {
 		kv = append(kv, "net.ipv4.conf."+d+".rp_filter=0")
 	}
 	return sysctl(lb, kv...)
+}
+
+// subnet is the /24 or /64 of a client address.
+func subnet(a netip.Addr) string {
+	bits := 24
+	if a.Is6() {
+		bits = 64
+	}
+	return netip.PrefixFrom(a, bits).Masked().String()
 }
 
 // Delete ends the processes left in the topology's namespaces (all of them

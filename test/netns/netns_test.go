@@ -71,3 +71,45 @@ func TestNewRefusesABadNumberOfBackends(t *testing.T) {
 		}
 	}
 }
+
+func TestPrivilegedRoutedTopologyNarrowsThePathToTheClient(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces")
+	}
+	topo, err := NewRouted(UniquePrefix(), 1, 1280)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { topo.Delete() })
+	if topo.ClientIPv4 != RoutedClientIPv4 || topo.ClientIPv6 != RoutedClientIPv6 || len(topo.Namespaces()) != 4 {
+		t.Errorf("client %s %s, namespaces %v: want the routed client's addresses and 4 namespaces", topo.ClientIPv4, topo.ClientIPv6, topo.Namespaces())
+	}
+	for _, c := range []struct {
+		ns   string
+		args []string
+		want string
+	}{
+		{topo.Client, []string{"-brief", "addr"}, "10.0.1.2/24 fd00:1::2/64"},
+		{topo.Router, []string{"-brief", "addr", "show", "eth0"}, "10.0.0.2/24 fd00::2/64"},
+		{topo.Router, []string{"-brief", "addr", "show", "eth1"}, "10.0.1.1/24 fd00:1::1/64"},
+		// The client's own link is 1500: only the router knows the
+		// narrow path.
+		{topo.Client, []string{"link", "show", "eth0"}, "mtu 1500"},
+		{topo.Router, []string{"route", "get", "10.0.1.2"}, "mtu lock 1280"},
+		{topo.Router, []string{"-6", "route", "get", "fd00:1::2"}, "mtu lock 1280"},
+		{topo.Router, []string{"route", "get", "10.1.2.3"}, "via 10.0.0.1"},
+		{topo.LB, []string{"route", "get", "10.0.1.2"}, "via 10.0.0.2"},
+		{topo.LB, []string{"-6", "route", "get", "fd00:1::2"}, "via fd00::2"},
+	} {
+		out, err := exec.Command("ip", append([]string{"-n", c.ns}, c.args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip -n %s %s: %v\n%s", c.ns, strings.Join(c.args, " "), err, out)
+		}
+		if !strings.Contains(strings.Join(strings.Fields(string(out)), " "), c.want) {
+			t.Errorf("ip -n %s %s lacks %q:\n%s", c.ns, strings.Join(c.args, " "), c.want, out)
+		}
+	}
+	if _, err := NewRouted("l4xbad", 1, 1500); err == nil {
+		t.Error("NewRouted with a path MTU of 1500 (no narrower than the links): no error")
+	}
+}
