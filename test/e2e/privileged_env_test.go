@@ -25,10 +25,13 @@ import (
 // every topology: the port is free, and stays the same across a restart.
 const controlPlaneAddr = "127.0.0.1:18000"
 
-// Ports every backend serves (l4xds-traffic serve).
+// Ports every backend serves (l4xds-traffic serve). TCP ports echo lines
+// of any size up to 1 MiB (probe --size); padded UDP ports answer a
+// datagram with as many bytes.
 var (
-	servedTCP = []string{":3306", ":53", ":8080"}
-	servedUDP = []string{":53", ":7777"}
+	servedTCP       = []string{":3306", ":53", ":8080"}
+	servedUDP       = []string{":53", ":7777"}
+	servedPaddedUDP = []string{":9000"}
 )
 
 // needsPrivileges skips a privileged test that cannot run here and returns
@@ -57,7 +60,14 @@ func needsPrivileges(t *testing.T) string {
 // ends, failed or not.
 func newTopology(t *testing.T, n int) *netns.Topology {
 	t.Helper()
-	topo, err := netns.New(netns.UniquePrefix(), n)
+	return ownTopology(t, func(prefix string) (*netns.Topology, error) { return netns.New(prefix, n) })
+}
+
+// ownTopology creates a topology (netns.New or netns.NewRouted) deleted when
+// the test ends, failed or not.
+func ownTopology(t *testing.T, create func(prefix string) (*netns.Topology, error)) *netns.Topology {
+	t.Helper()
+	topo, err := create(netns.UniquePrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +110,9 @@ func startServers(t *testing.T, bin string, topo *netns.Topology) {
 		}
 		for _, a := range servedUDP {
 			args = append(args, "--udp", a)
+		}
+		for _, a := range servedPaddedUDP {
+			args = append(args, "--udp-padded", a)
 		}
 		p := startIn(t, t, b.NS, filepath.Join(bin, "l4xds-traffic"), args...)
 		p.waitOutput(t, "ready", 10*time.Second)
@@ -217,10 +230,16 @@ type lbEnv struct {
 
 func newLBEnv(t *testing.T, backends int) *lbEnv {
 	t.Helper()
+	return newLBEnvOn(t, func(prefix string) (*netns.Topology, error) { return netns.New(prefix, backends) })
+}
+
+// newLBEnvOn is newLBEnv on a topology of another shape (netns.NewRouted).
+func newLBEnvOn(t *testing.T, create func(prefix string) (*netns.Topology, error)) *lbEnv {
+	t.Helper()
 	bin := needsPrivileges(t)
 	e := &lbEnv{top: t, bin: bin, dir: t.TempDir()}
 	e.bpfRoot = mountBPFFS(t)
-	e.topo = newTopology(t, backends)
+	e.topo = ownTopology(t, create)
 	startServers(t, bin, e.topo)
 
 	if out, err := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "certs", "--out", e.path("certs")).CombinedOutput(); err != nil {

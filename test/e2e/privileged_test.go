@@ -111,6 +111,40 @@ func TestPrivilegedLoadBalancer(t *testing.T) {
 		}
 	})
 
+	// 4000 bytes over links of MTU 1500: the client sends every request
+	// in three fragments, only the first with the UDP header, and every
+	// backend answers in three; all of them must be DNATed to the flow's
+	// backend (answers from all three show the first fragments were
+	// balanced) and reverse-NATed back, or the datagram is never reassembled.
+	t.Run("fragments: 4000-byte UDP datagrams to IPv4 and IPv6 VIPs answered in full", func(t *testing.T) {
+		fe4, fe6 := udp("10.1.2.40", 9000), udp("fd00:10::40", 9000)
+		e.serve(t, svc("big4", fe4).with(v4(0, 9000), v4(1, 9000), v4(2, 9000)),
+			svc("big6", fe6).with(v6(0, 9000), v6(1, 9000), v6(2, 9000)))
+		for _, fe := range []frontend{fe4, fe6} {
+			before := e.serviceStats(t, fe)
+			r := e.probe(t, fe, 200, "--size", "4000", "--timeout", "2s")
+			t.Logf("%s: %s", fe, statsDiff(before, e.serviceStats(t, fe)))
+			if r.Answered != 200 || len(r.Backends) != 3 {
+				t.Errorf("%s: want all 200 datagrams of 4000 bytes answered in full, by all three backends; got %s", fe, r)
+			}
+		}
+	})
+
+	// 64 KiB written at once leaves the client as TSO/GSO segments larger
+	// than the MTU, and the backend's echo as well: the DNAT and reverse
+	// NAT (checksums included) must hold for them.
+	t.Run("TCP: 64 KiB sent and echoed through IPv4 and IPv6 VIPs", func(t *testing.T) {
+		fe4, fe6 := tcp("10.1.2.41", 8080), tcp("fd00:10::41", 8080)
+		e.serve(t, svc("bulk4", fe4).with(v4(0, 8080), v4(1, 8080), v4(2, 8080)),
+			svc("bulk6", fe6).with(v6(0, 8080), v6(1, 8080), v6(2, 8080)))
+		for _, fe := range []frontend{fe4, fe6} {
+			r := e.probe(t, fe, 50, "--size", "65536", "--timeout", "5s")
+			if r.Answered != 50 || len(r.Backends) != 3 {
+				t.Errorf("%s: want all 50 flows of 64 KiB echoed in full, by all three backends; got %s", fe, r)
+			}
+		}
+	})
+
 	t.Run("DRAINING keeps a long-lived connection, new flows avoid it; removed backends get none", func(t *testing.T) {
 		fe := tcp("10.1.2.8", 8080)
 		all := []endpoint{v4(0, 8080), v4(1, 8080), v4(2, 8080)}

@@ -76,3 +76,21 @@ func svcKey(f frontend) bpf.L4xdsLbSvcKey {
 	}
 	return k
 }
+
+// dropNames are the lb_stats.drops reasons (bpf/l4xds.h), for logs.
+var dropNames = []string{"no backend", "source range", "unknown port", "fragment", "malformed", "backend family"}
+
+// statsDiff says what a service's counters gained between two reads.
+func statsDiff(before, after bpf.L4xdsLbStats) string {
+	s := fmt.Sprintf("+%d packets, +%d bytes", after.Packets-before.Packets, after.Bytes-before.Bytes)
+	for i := range after.Drops {
+		if d := after.Drops[i] - before.Drops[i]; d != 0 {
+			name := fmt.Sprintf("reason %d", i)
+			if i < len(dropNames) {
+				name = dropNames[i]
+			}
+			s += fmt.Sprintf(", +%d %s drops", d, name)
+		}
+	}
+	return s
+}

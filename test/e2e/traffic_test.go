@@ -24,6 +24,7 @@ type probeReport struct {
 	To       string            `json:"to"`
 	Proto    string            `json:"proto"`
 	Flows    int               `json:"flows"`
+	Size     int               `json:"size"`
 	Answered int               `json:"answered"`
 	Backends map[string]int    `json:"backends"`
 	Errors   map[string]int    `json:"errors"`
@@ -32,6 +33,9 @@ type probeReport struct {
 
 func (r probeReport) String() string {
 	s := fmt.Sprintf("%s %s: %d flows, %d answered", r.Proto, r.To, r.Flows, r.Answered)
+	if r.Size > 0 {
+		s = fmt.Sprintf("%s %s: %d flows of %d bytes, %d answered", r.Proto, r.To, r.Flows, r.Size, r.Answered)
+	}
 	for _, b := range slices.Sorted(maps.Keys(r.Backends)) {
 		s += fmt.Sprintf(", %s %d", b, r.Backends[b])
 	}
