@@ -960,6 +960,29 @@ affinity_backend(const struct pkt *p, __u32 svc_id, __u32 timeout, __u64 now,
 	return be;
 }
 
+/* The CT_REPLY key of the backend's answers to the client of p. */
+static __always_inline void reply_key(struct lb_ct_key *rk, const struct pkt *p,
+				      const __u32 *baddr, __be16 bport)
+{
+	__builtin_memcpy(rk->saddr, baddr, 16);
+	__builtin_memcpy(rk->daddr, p->saddr, 16);
+	rk->sport = bport;
+	rk->dport = p->sport;
+	rk->proto = p->proto;
+}
+
+/* Whether the reply entry restores p's VIP. The key has no VIP in it: a
+ * client that reuses its port for another VIP with the same backend takes
+ * the entry over, and the flow of p must take it back, or the backend's
+ * answers would leave with the other VIP's address. */
+static __always_inline int reply_is_for(const struct lb_ct_key *rk,
+					const struct pkt *p)
+{
+	struct lb_ct_entry *r = bpf_map_lookup_elem(&l4xds_ct, rk);
+
+	return r && r->vip_port == p->dport && addr_eq(r->vip, p->daddr);
+}
+
 /* A packet for a VIP:port/proto: the service's backend for the flow. */
 __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 {
@@ -1018,7 +1041,9 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 		bport = be->port;
 		/* Refreshing the reply entry with the forward one keeps it
 		 * alive in the LRU (and restores it if it was evicted). */
-		if (closing || now - e->last_seen >= NSEC_PER_SEC) {
+		reply_key(&rk, p, baddr, bport);
+		if (closing || now - e->last_seen >= NSEC_PER_SEC ||
+		    !reply_is_for(&rk, p)) {
 			e->last_seen = now;
 			if (closing)
 				e->flags |= CT_F_CLOSING;
@@ -1079,17 +1104,13 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 	ce.svc_id = svc_id;
 	bpf_map_update_elem(&l4xds_ct, &fk, &ce, BPF_ANY);
 
+	reply_key(&rk, p, baddr, bport);
 store_reply:
 	ce.last_seen = now;
 	ce.backend_id = backend_id;
 	ce.svc_id = svc_id;
 	__builtin_memcpy(ce.vip, p->daddr, 16);
 	ce.vip_port = p->dport;
-	__builtin_memcpy(rk.saddr, baddr, 16);
-	__builtin_memcpy(rk.daddr, p->saddr, 16);
-	rk.sport = bport;
-	rk.dport = p->sport;
-	rk.proto = p->proto;
 	bpf_map_update_elem(&l4xds_ct, &rk, &ce, BPF_ANY);
 
 rewrite:

@@ -46,10 +46,10 @@ func TestPrivilegedLongControlPlaneOutageAcrossAgentRestarts(t *testing.T) {
 	game := svc("game", gameFE).with(v4(0, 7777), v4(1, 7777), v4(2, 7777))
 	// During the outage a resolver moves to another VIP: the old one is
 	// removed, the new one added. Their backends listen on another port
-	// than game's: two UDP VIPs on one backend address and port share
-	// conntrack reply entries when the client reuses a source port between
-	// them, and an answer can then come back from the other VIP; that is
-	// not what this story is about.
+	// than game's: two live flows from one client port to two VIPs on one
+	// backend address and port are ambiguous to a NAT that keeps ports
+	// (the backend's answers to both look the same), and this story is
+	// not about that.
 	oldResolver := svc("old-resolver", tcp("10.1.2.60", 53), udp("10.1.2.60", 53)).with(v4(1, 53), v4(2, 53))
 	newResolver := svc("new-resolver", tcp("10.1.2.61", 53), udp("10.1.2.61", 53)).with(v4(0, 53), v4(2, 53))
 	// Never served: what the client gets from an address the datapath does

@@ -14,6 +14,7 @@ import (
 
 var (
 	vip4    = netip.MustParseAddrPort("192.0.2.10:80")
+	vip4b   = netip.MustParseAddrPort("192.0.2.11:80")
 	vip6    = netip.MustParseAddrPort("[2001:db8::10]:80")
 	client4 = netip.MustParseAddrPort("198.51.100.7:40000")
 	client6 = netip.MustParseAddrPort("[2001:db8:1::7]:40000")
@@ -426,6 +427,22 @@ func TestDatapath(t *testing.T) {
 			steps:    []step{drop("syn", tcp4.frame())},
 			check: func(t *testing.T, d *datapath) {
 				wantStats(t, d, 1, 0, 0, map[int]uint64{dropBackendFamily: 1})
+			},
+		},
+		{
+			// The reply key has no VIP: a client port reused for another
+			// VIP with the same backend address takes the reply entry
+			// over, and the first flow's next packet must take it back.
+			name: "a client port reused for two VIPs with one backend address",
+			services: []service{
+				{id: 1, vip: vip4, proto: protoUDP, backends: []backend{be4a}},
+				{id: 2, vip: vip4b, proto: protoUDP, backends: []backend{{id: 3, addr: be4a.addr}}},
+			},
+			steps: []step{
+				forward("to the first VIP", udp4, be4a.addr),
+				forward("same port to the second VIP", udp(client4, vip4b, "hello"), be4a.addr),
+				forward("the first flow again", udp4, be4a.addr),
+				reply("the backend answers the first flow", udp(be4a.addr, client4, "pong"), vip4),
 			},
 		},
 	}
