@@ -91,8 +91,8 @@ func TestSessionAffinity(t *testing.T) {
 	}
 
 	// Another client has its own choice.
-	if got, want := chosen(t, d, other.from(netip.AddrPortFrom(netip.MustParseAddr("198.51.100.8"), other.src.Port())), backends...).id,
-		maglevChoice(other.from(netip.AddrPortFrom(netip.MustParseAddr("198.51.100.8"), other.src.Port())), mixedTable); got != want {
+	otherClient := other.from(netip.AddrPortFrom(netip.MustParseAddr("198.51.100.8"), other.src.Port()))
+	if got, want := chosen(t, d, otherClient, backends...).id, maglevChoice(otherClient, mixedTable); got != want {
 		t.Fatalf("another client went to backend %d, want its Maglev choice %d", got, want)
 	}
 
