@@ -46,11 +46,12 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("--datapath: %q is not bpf or none", c.Datapath)
 	}
-	if !isPrime(c.LBMaglevTableSize) {
-		return fmt.Errorf("--lb-maglev-table-size: %d is not a prime", c.LBMaglevTableSize)
-	}
+	// The bound first: trial division of a huge value takes seconds.
 	if c.LBMaglevTableSize > MaxMaglevTableSize {
 		return fmt.Errorf("--lb-maglev-table-size: %d is larger than %d", c.LBMaglevTableSize, MaxMaglevTableSize)
+	}
+	if !isPrime(c.LBMaglevTableSize) {
+		return fmt.Errorf("--lb-maglev-table-size: %d is not a prime", c.LBMaglevTableSize)
 	}
 	return nil
 }

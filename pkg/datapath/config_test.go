@@ -19,6 +19,7 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		{Config{Datapath: "none", LBMaglevTableSize: 1}, "--lb-maglev-table-size: 1 is not a prime"},
 		{Config{Datapath: "none", LBMaglevTableSize: 131071}, ""},
 		{Config{Datapath: "none", LBMaglevTableSize: 131101}, "--lb-maglev-table-size: 131101 is larger than 131071"},
+		{Config{Datapath: "none", LBMaglevTableSize: 1 << 40}, "--lb-maglev-table-size: 1099511627776 is larger than 131071"}, // checked before primality
 	} {
 		err := c.cfg.Validate()
 		if (err == nil) != (c.want == "") || (err != nil && !strings.Contains(err.Error(), c.want)) {
