@@ -70,21 +70,16 @@ func OpenPinnedMaps(bpfRoot string) (*Maps, error) {
 	} {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, p.name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
-			closeMaps(&objs)
+			objs.Close() // closing a nil *ebpf.Map is a no-op
 			return nil, fmt.Errorf("open pinned map %s: %w", p.name, err)
 		}
 		*p.m = m
 	}
-	return newMaps(&objs, nil)
-}
-
-func closeMaps(objs *bpf.L4xdsMaps) {
-	for _, m := range []*ebpf.Map{objs.L4xdsAffinity, objs.L4xdsBackends, objs.L4xdsCt, objs.L4xdsMaglev,
-		objs.L4xdsServices, objs.L4xdsSrcrange, objs.L4xdsStats, objs.L4xdsVips} {
-		if m != nil {
-			m.Close()
-		}
+	m, err := newMaps(&objs, nil)
+	if err != nil {
+		objs.Close()
 	}
+	return m, err
 }
 
 // Close closes the handles; the pinned maps stay.
