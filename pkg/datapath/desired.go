@@ -25,9 +25,10 @@ type desiredService struct {
 }
 
 type desiredBackend struct {
-	addr   netip.AddrPort
-	state  lb.BackendState
-	weight uint16
+	addr     netip.AddrPort
+	state    lb.BackendState
+	weight   uint16
+	priority uint32
 	// usable backends are in the Maglev table.
 	usable bool
 }
@@ -47,25 +48,22 @@ func desire(fe *lb.Frontend) desiredService {
 		if addr.Is4() != is4 {
 			continue
 		}
-		d.backends = append(d.backends, desiredBackend{
-			addr:   netip.AddrPortFrom(addr, be.Address.Port),
-			state:  be.State,
-			weight: be.Weight,
-		})
-		if takesNewFlows(be) {
-			best = min(best, be.Priority)
+		b := desiredBackend{
+			addr:     netip.AddrPortFrom(addr, be.Address.Port),
+			state:    be.State,
+			weight:   be.Weight,
+			priority: be.Priority,
 		}
+		if b.takesNewFlows() {
+			best = min(best, b.priority)
+		}
+		d.backends = append(d.backends, b)
 	}
-	i := 0
-	for _, be := range fe.Backends {
-		if be.Address.Addr.Unmap().Is4() != is4 {
-			continue
-		}
-		if takesNewFlows(be) && be.Priority == best {
-			d.backends[i].usable = true
+	for i := range d.backends {
+		if b := &d.backends[i]; b.takesNewFlows() && b.priority == best {
+			b.usable = true
 			d.usable++
 		}
-		i++
 	}
 
 	if svc := fe.Service; svc != nil {
@@ -94,8 +92,8 @@ func normalPrefix(p netip.Prefix) netip.Prefix {
 	return p.Masked()
 }
 
-func takesNewFlows(be *lb.Backend) bool {
-	return be.State == lb.BackendStateActive && be.Weight > 0
+func (b *desiredBackend) takesNewFlows() bool {
+	return b.state == lb.BackendStateActive && b.weight > 0
 }
 
 // affinitySeconds rounds up, so that a sub-second timeout is not "none".
