@@ -56,7 +56,7 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 
 	spec, err := bpf.LoadL4xds()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read the datapath objects: %w", err)
 	}
 	size := uint32(cfg.LBMaglevTableSize)
 	if err := spec.Variables[bpf.L4xdsVarMaglevSize].Set(size); err != nil {
@@ -173,7 +173,10 @@ func innerCompatible(outer *ebpf.Map, spec *ebpf.MapSpec) error {
 		}
 		return fmt.Errorf("probe the inner map: %w", err)
 	}
-	return outer.Delete(probe)
+	if err := outer.Delete(probe); err != nil {
+		return fmt.Errorf("remove the probe inner map: %w", err)
+	}
+	return nil
 }
 
 // attach attaches the program to every device through a pinned link, and

@@ -39,7 +39,7 @@ type Maps struct {
 func newMaps(objs *bpf.L4xdsMaps, maglevInner *ebpf.MapSpec) (*Maps, error) {
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("possible CPUs, for %s: %w", bpf.L4xdsMapL4xdsStats, err)
 	}
 	return &Maps{
 		services:    objs.L4xdsServices,
