@@ -37,7 +37,7 @@ type ops struct {
 var _ reconciler.Operations[*lb.Frontend] = (*ops)(nil)
 
 func newOps(log *slog.Logger, db *statedb.DB, frontends statedb.Table[*lb.Frontend], maglevSize uint32) *ops {
-	return &ops{log: log, db: db, frontends: frontends, maglevSize: maglevSize, reg: newRegistry()}
+	return &ops{log: log, db: db, frontends: frontends, maglevSize: maglevSize}
 }
 
 // restore reads the IDs and entries of the pinned maps, so that the
