@@ -45,14 +45,17 @@ const (
 
 // Addresses of the client and the LB.
 var (
-	ClientIPv4  = netip.MustParseAddr("10.0.0.2")
-	ClientIPv6  = netip.MustParseAddr("fd00::2")
-	LBIPv4      = netip.MustParseAddr("10.0.0.1")
-	LBIPv6      = netip.MustParseAddr("fd00::1")
-	BridgeIPv4  = netip.MustParseAddr("192.168.1.1")
-	BridgeIPv6  = netip.MustParseAddr("fd01::1")
-	maxBackends = 90 // 192.168.1.10 .. 192.168.1.99
+	ClientIPv4 = netip.MustParseAddr("10.0.0.2")
+	ClientIPv6 = netip.MustParseAddr("fd00::2")
+	LBIPv4     = netip.MustParseAddr("10.0.0.1")
+	LBIPv6     = netip.MustParseAddr("fd00::1")
+	BridgeIPv4 = netip.MustParseAddr("192.168.1.1")
+	BridgeIPv6 = netip.MustParseAddr("fd01::1")
 )
+
+// maxBackends keeps backend i's address, 192.168.1.(10+i), within
+// 192.168.1.10 .. 192.168.1.99.
+const maxBackends = 90
 
 // Addresses of a routed topology (NewRouted): the router takes the client's
 // place on the LB's link, the client sits in a subnet of its own behind it.
@@ -73,7 +76,8 @@ type Backend struct {
 	IPv4, IPv6 netip.Addr
 }
 
-// Topology is a set of namespaces made by New; Delete removes them.
+// Topology is a set of namespaces made by New or NewRouted; Delete removes
+// them.
 type Topology struct {
 	Prefix   string
 	Client   string
