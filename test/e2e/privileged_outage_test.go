@@ -5,7 +5,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/l4xds/l4xds/pkg/datapath"
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
 	"github.com/l4xds/l4xds/test/netns"
 )
@@ -69,7 +69,9 @@ func TestPrivilegedLongControlPlaneOutageAcrossAgentRestarts(t *testing.T) {
 		}
 	}
 	pinned := e.pinnedMaps(t)
-	ids := map[frontend]uint32{dbFE: e.pinnedService(t, dbFE).Id, gameFE: e.pinnedService(t, gameFE).Id}
+	m := e.openMaps(t)
+	ids := map[frontend]uint32{dbFE: serviceID(t, m, dbFE), gameFE: serviceID(t, m, gameFE)}
+	m.Close()
 
 	h := e.hold(t, dbFE)
 	h.check(t, 3)
@@ -171,11 +173,13 @@ func TestPrivilegedLongControlPlaneOutageAcrossAgentRestarts(t *testing.T) {
 			t.Errorf("%s removed during the outage: want its flows to fail as to an address never served (%s); got %s", fe, never, r)
 		}
 	}
+	m = e.openMaps(t)
 	for fe, id := range ids {
-		if now := e.pinnedService(t, fe).Id; now != id {
+		if now := serviceID(t, m, fe); now != id {
 			t.Errorf("%s: service ID %d after converging, %d before the outage: its counters started over", fe, now, id)
 		}
 	}
+	m.Close()
 
 	waitRounds(2)
 	h.check(t, 3)
@@ -333,35 +337,13 @@ func (s pinnedState) equal(o pinnedState) bool {
 	return maps.EqualFunc(s, o, func(a, b map[string]string) bool { return maps.Equal(a, b) })
 }
 
-// pinnedService is the frontend's entry in the pinned services map.
-func (e *lbEnv) pinnedService(t *testing.T, f frontend) bpf.L4xdsLbSvc {
-	t.Helper()
-	m := e.openPinned(t, bpf.L4xdsMapL4xdsServices)
-	defer m.Close()
-	var v bpf.L4xdsLbSvc
-	if err := m.Lookup(svcKey(f), &v); err != nil {
-		t.Fatalf("%s in the pinned services map: %v", f, err)
-	}
-	return v
-}
-
 // waitPruned waits until the pinned maps no longer hold the frontends, nor
 // their VIPs: the datapath passes what is sent to them to the LB's stack.
 func (e *lbEnv) waitPruned(t *testing.T, fes []frontend) {
 	t.Helper()
 	var left []string
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		s := e.pinnedMaps(t)
-		left = nil
-		for _, fe := range fes {
-			if _, ok := s[bpf.L4xdsMapL4xdsServices][hex.EncodeToString(marshal(t, svcKey(fe)))]; ok {
-				left = append(left, "service "+fe.String())
-			}
-			vip := netip.MustParseAddr(fe.vip).As16()
-			if _, ok := s[bpf.L4xdsMapL4xdsVips][hex.EncodeToString(vip[:])]; ok && !slices.Contains(left, "VIP "+fe.vip) {
-				left = append(left, "VIP "+fe.vip)
-			}
-		}
+		left = pinnedFrontends(t, e.openMaps(t), fes)
 		if len(left) == 0 {
 			return
 		}
@@ -371,14 +353,32 @@ func (e *lbEnv) waitPruned(t *testing.T, fes []frontend) {
 	}
 }
 
-// marshal is a map key as the kernel stores it.
-func marshal(t *testing.T, key any) []byte {
+// pinnedFrontends names the frontends, and their VIPs, that the maps still
+// hold; it closes the maps.
+func pinnedFrontends(t *testing.T, m *datapath.Maps, fes []frontend) []string {
 	t.Helper()
-	var b bytes.Buffer
-	if err := binary.Write(&b, binary.NativeEndian, key); err != nil {
-		t.Fatal(err)
+	defer m.Close()
+	services := map[string]bool{}
+	for s, err := range m.Services() {
+		if err != nil {
+			t.Fatalf("reading the pinned services map: %v", err)
+		}
+		services[s.Frontend.String()] = true
 	}
-	return b.Bytes()
+	vips, err := m.VIPs()
+	if err != nil {
+		t.Fatalf("reading the pinned VIPs map: %v", err)
+	}
+	var left []string
+	for _, fe := range fes {
+		if services[fe.String()] {
+			left = append(left, "service "+fe.String())
+		}
+		if _, ok := vips[netip.MustParseAddr(fe.vip)]; ok && !slices.Contains(left, "VIP "+fe.vip) {
+			left = append(left, "VIP "+fe.vip)
+		}
+	}
+	return left
 }
 
 // mapsDiff names the entries that differ between two states, the first

@@ -3,15 +3,10 @@
 package e2e
 
 import (
-	"encoding/binary"
 	"fmt"
-	"net/netip"
-	"path/filepath"
 	"testing"
 
-	"github.com/cilium/ebpf"
-
-	"github.com/l4xds/l4xds/pkg/datapath/bpf"
+	"github.com/l4xds/l4xds/pkg/datapath"
 )
 
 // Drop reasons of lb_stats.drops (bpf/l4xds.h).
@@ -20,68 +15,50 @@ const (
 	dropSourceRange = 1
 )
 
-// serviceStats reads the per-service counters of the frontend from the
-// pinned maps (bpf/l4xds.h): the service id from l4xds_services, then
-// l4xds_stats at that id, summed over the CPUs.
-func (e *lbEnv) serviceStats(t *testing.T, f frontend) bpf.L4xdsLbStats {
+// openMaps opens the agent's pinned maps for reading, whether an agent runs
+// or not.
+func (e *lbEnv) openMaps(t *testing.T) *datapath.Maps {
 	t.Helper()
-	pins := filepath.Join(e.bpfRoot, "l4xds")
-	services, err := ebpf.LoadPinnedMap(filepath.Join(pins, "l4xds_services"), &ebpf.LoadPinOptions{ReadOnly: true})
+	m, err := datapath.OpenPinnedMaps(e.bpfRoot)
 	if err != nil {
-		t.Fatalf("opening the pinned services map: %v", err)
+		t.Fatal(err)
 	}
-	defer services.Close()
-	var svc bpf.L4xdsLbSvc
-	if err := services.Lookup(svcKey(f), &svc); err != nil {
-		t.Fatalf("service %s in l4xds_services: %v", f, err)
-	}
-	stats, err := ebpf.LoadPinnedMap(filepath.Join(pins, "l4xds_stats"), &ebpf.LoadPinOptions{ReadOnly: true})
-	if err != nil {
-		t.Fatalf("opening the pinned stats map: %v", err)
-	}
-	defer stats.Close()
-	var perCPU []bpf.L4xdsLbStats
-	if err := stats.Lookup(svc.Id, &perCPU); err != nil {
-		t.Fatalf("stats of %s (service id %d): %v", f, svc.Id, err)
-	}
-	var sum bpf.L4xdsLbStats
-	for _, s := range perCPU {
-		sum.Packets += s.Packets
-		sum.Bytes += s.Bytes
-		for i := range sum.Drops {
-			sum.Drops[i] += s.Drops[i]
-		}
-	}
-	return sum
+	return m
 }
 
-// svcKey is the l4xds_services key of a frontend: the address IPv4-mapped
-// and the port in network order, as bpf/l4xds.h lays them out.
-func svcKey(f frontend) bpf.L4xdsLbSvcKey {
-	a16 := netip.MustParseAddr(f.vip).As16()
-	var k bpf.L4xdsLbSvcKey
-	for i := range k.Addr {
-		k.Addr[i] = binary.NativeEndian.Uint32(a16[4*i:])
+// serviceID is the frontend's service ID in the pinned services map.
+func serviceID(t *testing.T, m *datapath.Maps, f frontend) uint32 {
+	t.Helper()
+	for s, err := range m.Services() {
+		if err != nil {
+			t.Fatalf("looking for %s in the pinned services map: %v", f, err)
+		}
+		if s.Frontend.String() == f.String() {
+			return s.ID
+		}
 	}
-	var port [2]byte
-	binary.BigEndian.PutUint16(port[:], f.port)
-	k.Port = binary.NativeEndian.Uint16(port[:])
-	switch f.proto {
-	case "TCP":
-		k.Proto = 6
-	case "UDP":
-		k.Proto = 17
-	default:
-		panic(fmt.Sprintf("frontend %s: protocol %q", f, f.proto))
+	t.Fatalf("%s is not in the pinned services map", f)
+	return 0
+}
+
+// serviceStats reads the per-service counters of the frontend from the
+// pinned maps, summed over the CPUs.
+func (e *lbEnv) serviceStats(t *testing.T, f frontend) datapath.Stats {
+	t.Helper()
+	m := e.openMaps(t)
+	defer m.Close()
+	s, err := m.ServiceStats(serviceID(t, m, f))
+	if err != nil {
+		t.Fatalf("stats of %s: %v", f, err)
 	}
-	return k
+	return s
 }
 
 // dropNames are the lb_stats.drops reasons (bpf/l4xds.h), for logs.
 var dropNames = []string{"no backend", "source range", "unknown port", "fragment", "malformed", "backend family"}
 
 // statsDiff says what a service's counters gained between two reads.
-func statsDiff(before, after bpf.L4xdsLbStats) string {
+func statsDiff(before, after datapath.Stats) string {
 	s := fmt.Sprintf("+%d packets, +%d bytes", after.Packets-before.Packets, after.Bytes-before.Bytes)
 	for i := range after.Drops {
 		if d := after.Drops[i] - before.Drops[i]; d != 0 {
