@@ -303,28 +303,32 @@ type frontendRow struct {
 	ServiceName string
 	Backends    []struct {
 		Address string
-		Weight  int
 		State   string
 	}
 	Status struct {
-		Kind  string  `json:"kind"`
-		Error *string `json:"error"`
+		Kind string `json:"kind"`
 	}
 }
 
 func (e *lbEnv) frontends() ([]frontendRow, string, error) {
-	out, err := exec.Command(filepath.Join(e.bin, "l4xds-dbg"), "--socket", e.socket, "statedb", "frontends", "-o", "json").CombinedOutput()
+	return statedbRows[frontendRow](e, "frontends")
+}
+
+// statedbRows runs `l4xds-dbg statedb TABLE -o json` and decodes its rows;
+// out is what it printed, for messages.
+func statedbRows[Row any](e *lbEnv, table string) (rows []Row, out string, err error) {
+	b, err := exec.Command(filepath.Join(e.bin, "l4xds-dbg"), "--socket", e.socket, "statedb", table, "-o", "json").CombinedOutput()
+	out = string(b)
 	if err != nil {
-		return nil, string(out), fmt.Errorf("l4xds-dbg statedb frontends: %w", err)
+		return nil, out, fmt.Errorf("l4xds-dbg statedb %s: %w", table, err)
 	}
-	var rows []frontendRow
-	dec := json.NewDecoder(bytes.NewReader(out))
+	dec := json.NewDecoder(bytes.NewReader(b))
 	for {
-		var r frontendRow
+		var r Row
 		if err := dec.Decode(&r); errors.Is(err, io.EOF) {
-			return rows, string(out), nil
+			return rows, out, nil
 		} else if err != nil {
-			return nil, string(out), fmt.Errorf("decoding frontends: %w", err)
+			return nil, out, fmt.Errorf("decoding l4xds-dbg statedb %s: %w", table, err)
 		}
 		rows = append(rows, r)
 	}
@@ -392,14 +396,4 @@ func frontendsMatch(rows []frontendRow, want map[string][]string) bool {
 		}
 	}
 	return true
-}
-
-// dbg runs l4xds-dbg against the agent.
-func (e *lbEnv) dbg(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(filepath.Join(e.bin, "l4xds-dbg"), append([]string{"--socket", e.socket}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("l4xds-dbg %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
 }

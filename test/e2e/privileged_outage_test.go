@@ -3,16 +3,11 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -240,7 +235,6 @@ func (p *phases) failures(l *flowLoop) []string {
 
 // xdsStatusRow is a row of `l4xds-dbg statedb xds-status -o json`.
 type xdsStatusRow struct {
-	TypeURL  string
 	State    string
 	Attempts uint64
 	Synced   bool
@@ -277,21 +271,7 @@ func (e *lbEnv) waitDisconnected(t *testing.T, how string) {
 }
 
 func (e *lbEnv) xdsStatus() ([]xdsStatusRow, string, error) {
-	out, err := exec.Command(filepath.Join(e.bin, "l4xds-dbg"), "--socket", e.socket, "statedb", "xds-status", "-o", "json").CombinedOutput()
-	if err != nil {
-		return nil, string(out), fmt.Errorf("l4xds-dbg statedb xds-status: %w", err)
-	}
-	var rows []xdsStatusRow
-	dec := json.NewDecoder(bytes.NewReader(out))
-	for {
-		var r xdsStatusRow
-		if err := dec.Decode(&r); errors.Is(err, io.EOF) {
-			return rows, string(out), nil
-		} else if err != nil {
-			return nil, string(out), fmt.Errorf("decoding xds-status: %w", err)
-		}
-		rows = append(rows, r)
-	}
+	return statedbRows[xdsStatusRow](e, "xds-status")
 }
 
 // pinnedState is the content of the maps that say what is served, read
