@@ -100,11 +100,11 @@ func mountBPFFS(t *testing.T) string {
 }
 
 // startServers runs l4xds-traffic serve in every backend namespace, named
-// b0, b1, ..., and waits until they listen.
+// by backendName, and waits until they listen.
 func startServers(t *testing.T, bin string, topo *netns.Topology) {
 	t.Helper()
 	for i, b := range topo.Backends {
-		args := []string{"serve", "--name", fmt.Sprintf("b%d", i)}
+		args := []string{"serve", "--name", backendName(i)}
 		for _, a := range servedTCP {
 			args = append(args, "--tcp", a)
 		}

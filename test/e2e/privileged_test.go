@@ -168,7 +168,7 @@ func TestPrivilegedLoadBalancer(t *testing.T) {
 
 		// The drained backend removed, then an active one: new flows go to
 		// what is left.
-		left := slicesDelete(all, drained)
+		left := slices.Delete(slices.Clone(all), drained, drained+1)
 		e.serve(t, svc("drain", fe).with(left...))
 		r = e.probe(t, fe, 300)
 		if r.Answered != 300 || r.Backends[h.backend] != 0 || len(r.Backends) != 2 {
@@ -276,11 +276,6 @@ func TestPrivilegedLoadBalancer(t *testing.T) {
 			}
 		}
 	})
-}
-
-func slicesDelete(eps []endpoint, i int) []endpoint {
-	out := append([]endpoint(nil), eps[:i]...)
-	return append(out, eps[i+1:]...)
 }
 
 // backendName is the name l4xds-traffic serve answers with in backend i.

@@ -32,9 +32,7 @@ type endpoint struct {
 }
 
 // String is the frontend as the frontends table prints it.
-func (f frontend) String() string {
-	return netip.AddrPortFrom(netip.MustParseAddr(f.vip), f.port).String() + "/" + f.proto
-}
+func (f frontend) String() string { return f.dial() + "/" + f.proto }
 
 // dial is the frontend as l4xds-traffic --to takes it.
 func (f frontend) dial() string {

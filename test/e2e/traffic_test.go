@@ -32,10 +32,11 @@ type probeReport struct {
 }
 
 func (r probeReport) String() string {
-	s := fmt.Sprintf("%s %s: %d flows, %d answered", r.Proto, r.To, r.Flows, r.Answered)
+	sized := ""
 	if r.Size > 0 {
-		s = fmt.Sprintf("%s %s: %d flows of %d bytes, %d answered", r.Proto, r.To, r.Flows, r.Size, r.Answered)
+		sized = fmt.Sprintf(" of %d bytes", r.Size)
 	}
+	s := fmt.Sprintf("%s %s: %d flows%s, %d answered", r.Proto, r.To, r.Flows, sized, r.Answered)
 	for _, b := range slices.Sorted(maps.Keys(r.Backends)) {
 		s += fmt.Sprintf(", %s %d", b, r.Backends[b])
 	}
