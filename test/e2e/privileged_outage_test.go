@@ -70,27 +70,14 @@ func TestPrivilegedLongControlPlaneOutageAcrossAgentRestarts(t *testing.T) {
 
 	h := e.hold(t, dbFE)
 	h.check(t, 3)
-	loops := []*flowLoop{e.newFlowLoop(dbFE), e.newFlowLoop(gameFE)}
-	stopped := false
-	t.Cleanup(func() { // a failed check ends the test before the loops
-		if !stopped {
-			for _, l := range loops {
-				l.stop()
-			}
-		}
-	})
-	waitRounds := func(more int) {
-		for _, l := range loops {
-			l.waitRounds(t, more)
-		}
-	}
+	loops := flowLoops{e.newFlowLoop(t, dbFE), e.newFlowLoop(t, gameFE)}
 	var story phases
 	story.enter("control plane up", loops)
-	waitRounds(2)
+	loops.waitRounds(t, 2)
 
 	e.cp.kill()
 	story.enter("control plane killed", loops)
-	waitRounds(2)
+	loops.waitRounds(t, 2)
 	h.check(t, 3)
 
 	// An agent restarted with no control plane: no state to act on, the
@@ -109,7 +96,7 @@ func TestPrivilegedLongControlPlaneOutageAcrossAgentRestarts(t *testing.T) {
 				}
 			}
 		}
-		waitRounds(2)
+		loops.waitRounds(t, 2)
 		h.check(t, 3)
 	}
 
@@ -118,14 +105,14 @@ func TestPrivilegedLongControlPlaneOutageAcrossAgentRestarts(t *testing.T) {
 	if !e.agent.cmd.ProcessState.Success() || e.agent.killed {
 		t.Errorf("the agent did not exit cleanly on SIGTERM: %v\n%s", e.agent.cmd.ProcessState, tail(e.agent.out.String(), 20))
 	}
-	waitRounds(2) // new flows while no agent runs
+	loops.waitRounds(t, 2) // new flows while no agent runs
 	e.startAgent(t)
 	story.enter("agent restarted", loops)
 	restartedAlone("after a graceful restart")
 
 	e.agent.kill()
 	story.enter("agent SIGKILLed", loops)
-	waitRounds(2)
+	loops.waitRounds(t, 2)
 	e.startAgent(t)
 	story.enter("agent restarted again", loops)
 	restartedAlone("after a SIGKILL and restart")
@@ -176,9 +163,8 @@ func TestPrivilegedLongControlPlaneOutageAcrossAgentRestarts(t *testing.T) {
 	}
 	m.Close()
 
-	waitRounds(2)
+	loops.waitRounds(t, 2)
 	h.check(t, 3)
-	stopped = true
 	for _, l := range loops {
 		flows, failed := l.stop()
 		t.Logf("%s: %d new flows across the outage and both agent restarts, %d rounds failed", l.fe, flows, len(failed))

@@ -254,19 +254,14 @@ func TestPrivilegedLoadBalancer(t *testing.T) {
 		h := e.hold(t, fe)
 		h.check(t, 3)
 
-		loops := []*flowLoop{e.newFlowLoop(fe), e.newFlowLoop(dnsFE)}
-		waitRounds := func(more int) {
-			for _, l := range loops {
-				l.waitRounds(t, more)
-			}
-		}
-		waitRounds(2)
+		loops := flowLoops{e.newFlowLoop(t, fe), e.newFlowLoop(t, dnsFE)}
+		loops.waitRounds(t, 2)
 		e.agent.kill()
-		waitRounds(3) // new flows while no agent runs
+		loops.waitRounds(t, 3) // new flows while no agent runs
 		h.check(t, 3)
 		e.startAgent(t)
 		e.waitFrontends(t, db, dns)
-		waitRounds(3)
+		loops.waitRounds(t, 3)
 		h.check(t, 3)
 		for _, l := range loops {
 			flows, failed := l.stop()

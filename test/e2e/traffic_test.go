@@ -143,17 +143,19 @@ func (h *hold) check(t *testing.T, more int) {
 }
 
 // flowLoop makes new flows to a frontend from the client, in rounds of 20,
-// until stopped.
+// until stopped or the test ends.
 type flowLoop struct {
 	fe             frontend
 	stopping, done chan struct{}
+	halt           sync.Once
 
 	mu     sync.Mutex
 	rounds []probeReport
 }
 
-func (e *lbEnv) newFlowLoop(fe frontend) *flowLoop {
+func (e *lbEnv) newFlowLoop(t *testing.T, fe frontend) *flowLoop {
 	l := &flowLoop{fe: fe, stopping: make(chan struct{}), done: make(chan struct{})}
+	t.Cleanup(l.end) // a failed check ends the test before it stops the loop
 	go func() {
 		defer close(l.done)
 		for {
@@ -192,11 +194,16 @@ func (l *flowLoop) waitRounds(t *testing.T, more int) {
 	}
 }
 
+// end ends the loop, once, and waits for its last round.
+func (l *flowLoop) end() {
+	l.halt.Do(func() { close(l.stopping) })
+	<-l.done
+}
+
 // stop ends the loop and returns the number of flows and the rounds that
 // had failed flows.
 func (l *flowLoop) stop() (flows int, failed []string) {
-	close(l.stopping)
-	<-l.done
+	l.end()
 	for _, r := range l.rounds {
 		flows += r.Flows
 		if r.Answered != r.Flows {
@@ -204,4 +211,15 @@ func (l *flowLoop) stop() (flows int, failed []string) {
 		}
 	}
 	return flows, failed
+}
+
+// flowLoops are loops run side by side.
+type flowLoops []*flowLoop
+
+// waitRounds waits until every loop has made more rounds.
+func (ls flowLoops) waitRounds(t *testing.T, more int) {
+	t.Helper()
+	for _, l := range ls {
+		l.waitRounds(t, more)
+	}
 }
