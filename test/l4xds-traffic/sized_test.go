@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"maps"
 	"net"
 	"testing"
 	"time"
@@ -50,7 +51,7 @@ func TestSizedProbeChecksTheWholeAnswer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := probe(tc.to, tc.proto, 10, 4, tc.size, 2*time.Second)
-			if !equal(r.Backends, tc.answered) || !equal(r.Errors, tc.failed) {
+			if !maps.Equal(r.Backends, tc.answered) || !maps.Equal(r.Errors, tc.failed) {
 				var out bytes.Buffer
 				r.print(&out, nil)
 				t.Errorf("got %s", out.String())

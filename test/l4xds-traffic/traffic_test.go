@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"maps"
 	"net"
 	"strings"
 	"testing"
@@ -13,17 +14,8 @@ import (
 // Serve and probe over loopback: answers are counted by name, and a closed
 // port fails with the kind the tests and the demo look for.
 func TestProbeCountsAnswersAndClassifiesFailures(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l, c := listenTCP(t), listenUDP(t)
 	go serveTCP(l, "tcp-server")
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	go serveUDP(c, "udp-server", false)
 	closedTCP, closedUDP := closedPort(t, "tcp"), closedPort(t, "udp")
 
@@ -39,7 +31,7 @@ func TestProbeCountsAnswersAndClassifiesFailures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := probe(tc.to, tc.proto, 20, 4, 0, 2*time.Second)
-			if !equal(r.Backends, tc.answered) || !equal(r.Errors, tc.failed) {
+			if !maps.Equal(r.Backends, tc.answered) || !maps.Equal(r.Errors, tc.failed) {
 				var out bytes.Buffer
 				r.print(&out, nil)
 				t.Errorf("got %s", out.String())
@@ -67,24 +59,8 @@ func closedPort(t *testing.T, proto string) string {
 	return c.LocalAddr().String()
 }
 
-func equal(a, b map[string]int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
 func TestHoldEchoesOverOneConnection(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listenTCP(t)
 	go serveTCP(l, "b0")
 	if err := hold(t.Context(), l.Addr().String(), time.Millisecond, time.Second, 3); err != nil {
 		t.Fatal(err)
