@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -53,12 +52,11 @@ func hold(ctx context.Context, to string, interval, timeout time.Duration, count
 	defer c.Close()
 	r := bufio.NewReader(c)
 	c.SetDeadline(time.Now().Add(timeout))
-	name, err := r.ReadString('\n')
+	name, err := greeting(r)
 	if err != nil {
 		fmt.Printf("fail 0: %v\n", err)
 		return errTrafficFailed{}
 	}
-	name = strings.TrimSpace(name)
 	fmt.Printf("connected %s\n", name)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()

@@ -165,11 +165,7 @@ func flow(to, proto string, size int, timeout time.Duration) (string, error) {
 	case proto == "tcp" && size > 0:
 		return sizedTCP(c, size)
 	case proto == "tcp":
-		name, err := bufio.NewReader(c).ReadString('\n')
-		if err != nil {
-			return "", err
-		}
-		return strings.TrimSpace(name), nil
+		return greeting(bufio.NewReader(c))
 	case size > 0:
 		return sizedUDP(c, size)
 	}

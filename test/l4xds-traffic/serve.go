@@ -146,3 +146,12 @@ func padAnswer(name string, datagram []byte) []byte {
 	copy(answer, head)
 	return answer
 }
+
+// greeting reads the line a TCP server sends first: its name.
+func greeting(r *bufio.Reader) (string, error) {
+	name, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(name), nil
+}

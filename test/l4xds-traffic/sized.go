@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"strings"
 )
 
 // answerError is an answer that arrived but is not the one expected.
@@ -71,11 +70,10 @@ func sizedUDP(c net.Conn, size int) (string, error) {
 // included) and checks the echo, "NAME LINE".
 func sizedTCP(c net.Conn, size int) (string, error) {
 	r := bufio.NewReader(c)
-	name, err := r.ReadString('\n')
+	name, err := greeting(r)
 	if err != nil {
 		return "", err
 	}
-	name = strings.TrimSpace(name)
 	line := append(filler(size-1), '\n')
 	if _, err := c.Write(line); err != nil {
 		return "", fmt.Errorf("sending %d bytes to %s: %w", size, name, err)
