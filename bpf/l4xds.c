@@ -453,6 +453,35 @@ static __always_inline __u32 l4_csum_off(const struct pkt *p)
 					: offsetof(struct udphdr, check));
 }
 
+/* Stores the source or destination address of the IP header at ip_off:
+ * all 16 bytes for IPv6, the last 4 (IPv4-mapped) for IPv4. */
+static __always_inline int store_addr(struct __sk_buff *skb, __u32 ip_off,
+				      int v6, int dst, const __u32 *addr)
+{
+	if (v6)
+		return bpf_skb_store_bytes(skb, ip_off + (dst ? offsetof(struct ipv6hdr, daddr)
+							      : offsetof(struct ipv6hdr, saddr)),
+					   addr, 16, 0);
+	return bpf_skb_store_bytes(skb, ip_off + (dst ? offsetof(struct iphdr, daddr)
+						      : offsetof(struct iphdr, saddr)),
+				   &addr[3], 4, 0);
+}
+
+/* Rewrites one address of the packet's IP header, and the IPv4 header
+ * checksum that covers it. On its own this is the whole translation of a
+ * later fragment, which has no L4 header. */
+static __always_inline int addr_rewrite(struct __sk_buff *skb,
+					const struct pkt *p, int dst,
+					const __u32 *old_addr,
+					const __u32 *new_addr)
+{
+	if (!p->v6 &&
+	    bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
+				old_addr[3], new_addr[3], 4) < 0)
+		return -1;
+	return store_addr(skb, ETH_HLEN, p->v6, dst, new_addr);
+}
+
 /* Rewrites one end of the flow (the destination for DNAT, the source for
  * reverse NAT) and fixes the checksums incrementally. With
  * BPF_F_MARK_MANGLED_0 a zero UDP checksum (none, IPv4) stays zero and a
@@ -468,8 +497,6 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb,
 	__u32 port_off = ETH_HLEN + p->l3_len + (dst ? 2 : 0);
 
 	if (p->v6) {
-		__u32 addr_off = ETH_HLEN + (dst ? offsetof(struct ipv6hdr, daddr)
-						 : offsetof(struct ipv6hdr, saddr));
 		__s64 diff = bpf_csum_diff((__be32 *)old_addr, 16,
 					   (__be32 *)new_addr, 16, 0);
 
@@ -478,21 +505,12 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb,
 		if (bpf_l4_csum_replace(skb, csum_off, 0, (__u32)diff,
 					BPF_F_PSEUDO_HDR | mm) < 0)
 			return -1;
-		if (bpf_skb_store_bytes(skb, addr_off, new_addr, 16, 0) < 0)
-			return -1;
-	} else {
-		__u32 addr_off = ETH_HLEN + (dst ? offsetof(struct iphdr, daddr)
-						 : offsetof(struct iphdr, saddr));
-
-		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
-					old_addr[3], new_addr[3], 4) < 0)
-			return -1;
-		if (bpf_l4_csum_replace(skb, csum_off, old_addr[3], new_addr[3],
-					BPF_F_PSEUDO_HDR | mm | 4) < 0)
-			return -1;
-		if (bpf_skb_store_bytes(skb, addr_off, &new_addr[3], 4, 0) < 0)
-			return -1;
+	} else if (bpf_l4_csum_replace(skb, csum_off, old_addr[3], new_addr[3],
+				       BPF_F_PSEUDO_HDR | mm | 4) < 0) {
+		return -1;
 	}
+	if (addr_rewrite(skb, p, dst, old_addr, new_addr) < 0)
+		return -1;
 
 	if (old_port != new_port) {
 		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port,
@@ -502,25 +520,6 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb,
 			return -1;
 	}
 	return 0;
-}
-
-/* Rewrites one address of a later fragment: it has no L4 header, so only
- * the IPv4 header checksum depends on the address. */
-static __always_inline int frag_rewrite(struct __sk_buff *skb,
-					const struct pkt *p, int dst,
-					const __u32 *old_addr,
-					const __u32 *new_addr)
-{
-	if (p->v6)
-		return bpf_skb_store_bytes(skb, ETH_HLEN + (dst ? offsetof(struct ipv6hdr, daddr)
-								: offsetof(struct ipv6hdr, saddr)),
-					   new_addr, 16, 0);
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
-				old_addr[3], new_addr[3], 4) < 0)
-		return -1;
-	return bpf_skb_store_bytes(skb, ETH_HLEN + (dst ? offsetof(struct iphdr, daddr)
-							: offsetof(struct iphdr, saddr)),
-				   &new_addr[3], 4, 0);
 }
 
 /* The first fragment of a datagram leaves its translation for the later
@@ -1157,7 +1156,7 @@ __noinline int handle_fragment(struct __sk_buff *skb, const struct pkt *p)
 	svc_id = f->svc_id;
 	if (is_v4mapped(addr) == p->v6)
 		return TCX_NEXT;
-	if (frag_rewrite(skb, p, dst, dst ? p->daddr : p->saddr, addr) < 0)
+	if (addr_rewrite(skb, p, dst, dst ? p->daddr : p->saddr, addr) < 0)
 		return TCX_DROP;
 	count_packet(svc_id, skb->len);
 	return TCX_NEXT;
@@ -1335,27 +1334,15 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 		return TCX_NEXT;
 	icmp.checksum = csum_update(icmp.checksum, (__u32)s);
 
-	if (p->v6) {
-		if (bpf_skb_store_bytes(skb, ETH_HLEN + (reply ? offsetof(struct ipv6hdr, saddr)
-							      : offsetof(struct ipv6hdr, daddr)),
-					new.addr, 16, 0) < 0 ||
-		    bpf_skb_store_bytes(skb, in_off + (reply ? offsetof(struct ipv6hdr, daddr)
-							   : offsetof(struct ipv6hdr, saddr)),
-					new.addr, 16, 0) < 0)
-			return TCX_DROP;
-	} else {
-		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
-					outer_old[3], new.addr[3], 4) < 0 ||
-		    bpf_skb_store_bytes(skb, ETH_HLEN + (reply ? offsetof(struct iphdr, saddr)
-							      : offsetof(struct iphdr, daddr)),
-					&new.addr[3], 4, 0) < 0 ||
-		    bpf_skb_store_bytes(skb, in_off + (reply ? offsetof(struct iphdr, daddr)
-							   : offsetof(struct iphdr, saddr)),
-					&new.addr[3], 4, 0) < 0 ||
-		    bpf_skb_store_bytes(skb, in_off + offsetof(struct iphdr, check),
-					&new.ip_check, 2, 0) < 0)
-			return TCX_DROP;
-	}
+	/* The outer address on the error's side of the flow, and the quoted
+	 * one on the other side. */
+	if (addr_rewrite(skb, p, !reply, outer_old, new.addr) < 0 ||
+	    store_addr(skb, in_off, p->v6, reply, new.addr) < 0)
+		return TCX_DROP;
+	if (!p->v6 &&
+	    bpf_skb_store_bytes(skb, in_off + offsetof(struct iphdr, check),
+				&new.ip_check, 2, 0) < 0)
+		return TCX_DROP;
 	if (bpf_skb_store_bytes(skb, icmp_off + offsetof(struct icmp_err_hdr, checksum),
 				&icmp.checksum, 2, 0) < 0 ||
 	    bpf_skb_store_bytes(skb, l4_off, new.ports, 4, 0) < 0)
