@@ -446,6 +446,39 @@ static __always_inline void count_packet(__u32 svc_id, __u32 len)
 	}
 }
 
+/* The service of p's destination VIP, port and protocol, if any. */
+static __always_inline struct lb_svc *service_of(const struct pkt *p)
+{
+	struct lb_svc_key key = {
+		.port = p->dport,
+		.proto = p->proto,
+	};
+
+	__builtin_memcpy(key.addr, p->daddr, 16);
+	return bpf_map_lookup_elem(&l4xds_services, &key);
+}
+
+/* The conntrack key of p's own direction (dir set by the caller). */
+static __always_inline void ct_key_of(struct lb_ct_key *key, const struct pkt *p)
+{
+	__builtin_memcpy(key->saddr, p->saddr, 16);
+	__builtin_memcpy(key->daddr, p->daddr, 16);
+	key->sport = p->sport;
+	key->dport = p->dport;
+	key->proto = p->proto;
+}
+
+/* The l4xds_frags key of p's datagram. */
+static __always_inline void frag_key_of(struct lb_frag_key *key,
+					const struct pkt *p, __u8 dir)
+{
+	__builtin_memcpy(key->saddr, p->saddr, 16);
+	__builtin_memcpy(key->daddr, p->daddr, 16);
+	key->id = p->frag_id;
+	key->proto = p->proto;
+	key->dir = dir;
+}
+
 static __always_inline __u32 l4_csum_off(const struct pkt *p)
 {
 	return ETH_HLEN + p->l3_len +
@@ -527,15 +560,10 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb,
 static __always_inline void frag_remember(const struct pkt *p, __u8 dir,
 					  const __u32 *addr, __u32 svc_id)
 {
-	struct lb_frag_key key = {
-		.id = p->frag_id,
-		.proto = p->proto,
-		.dir = dir,
-	};
+	struct lb_frag_key key = {};
 	struct lb_frag val = { .svc_id = svc_id };
 
-	__builtin_memcpy(key.saddr, p->saddr, 16);
-	__builtin_memcpy(key.daddr, p->daddr, 16);
+	frag_key_of(&key, p, dir);
 	__builtin_memcpy(val.addr, addr, 16);
 	bpf_map_update_elem(&l4xds_frags, &key, &val, BPF_ANY);
 }
@@ -827,14 +855,8 @@ __noinline int vip_service(const struct pkt *p)
 	if (!p)
 		return -1;
 	if (p->has_ports) {
-		struct lb_svc_key key = {
-			.port = p->dport,
-			.proto = p->proto,
-		};
-		struct lb_svc *svc;
+		struct lb_svc *svc = service_of(p);
 
-		__builtin_memcpy(key.addr, p->daddr, 16);
-		svc = bpf_map_lookup_elem(&l4xds_services, &key);
 		if (svc)
 			return svc->id & 0x7fffffff;
 	}
@@ -872,11 +894,7 @@ __noinline int handle_reply(struct __sk_buff *skb, const struct pkt *p)
 
 	if (!p)
 		return TCX_DROP;
-	__builtin_memcpy(key.saddr, p->saddr, 16);
-	__builtin_memcpy(key.daddr, p->daddr, 16);
-	key.sport = p->sport;
-	key.dport = p->dport;
-	key.proto = p->proto;
+	ct_key_of(&key, p);
 	e = bpf_map_lookup_elem(&l4xds_ct, &key);
 	if (!e)
 		return VERDICT_CONTINUE;
@@ -985,7 +1003,6 @@ static __always_inline int reply_is_for(const struct lb_ct_key *rk,
 /* A packet for a VIP:port/proto: the service's backend for the flow. */
 __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 {
-	struct lb_svc_key sk = {};
 	struct lb_svc *svc;
 	__u32 svc_id, svc_flags, svc_count, affinity_timeout;
 	__u32 backend_id = 0;
@@ -1000,10 +1017,7 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 
 	if (!p)
 		return TCX_DROP;
-	__builtin_memcpy(sk.addr, p->daddr, 16);
-	sk.port = p->dport;
-	sk.proto = p->proto;
-	svc = bpf_map_lookup_elem(&l4xds_services, &sk);
+	svc = service_of(p);
 	if (!svc)
 		return VERDICT_CONTINUE;
 	svc_id = svc->id;
@@ -1025,11 +1039,7 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 	}
 
 	now = bpf_ktime_get_ns();
-	__builtin_memcpy(fk.saddr, p->saddr, 16);
-	__builtin_memcpy(fk.daddr, p->daddr, 16);
-	fk.sport = p->sport;
-	fk.dport = p->dport;
-	fk.proto = p->proto;
+	ct_key_of(&fk, p);
 	e = bpf_map_lookup_elem(&l4xds_ct, &fk);
 	be = ct_backend(p, e, svc_id, now);
 	if (be && e) {
@@ -1132,7 +1142,7 @@ no_backend:
  * passes. */
 __noinline int handle_fragment(struct __sk_buff *skb, const struct pkt *p)
 {
-	struct lb_frag_key key = { .dir = CT_FORWARD };
+	struct lb_frag_key key = {};
 	struct lb_frag *f;
 	__u32 addr[4];
 	__u32 svc_id;
@@ -1140,10 +1150,7 @@ __noinline int handle_fragment(struct __sk_buff *skb, const struct pkt *p)
 
 	if (!p)
 		return TCX_DROP;
-	__builtin_memcpy(key.saddr, p->saddr, 16);
-	__builtin_memcpy(key.daddr, p->daddr, 16);
-	key.id = p->frag_id;
-	key.proto = p->proto;
+	frag_key_of(&key, p, CT_FORWARD);
 	f = bpf_map_lookup_elem(&l4xds_frags, &key);
 	if (!f) {
 		key.dir = CT_REPLY;

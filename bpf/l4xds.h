@@ -93,7 +93,7 @@ enum {
 
 struct lb_ct_entry {
 	__u64 last_seen;  /* bpf_ktime_get_ns() */
-	__u32 backend_id; /* CT_FORWARD */
+	__u32 backend_id; /* the flow's backend (both entries) */
 	__u32 svc_id;
 	__u32 vip[4];     /* CT_REPLY: the frontend to restore as source */
 	__be16 vip_port;
