@@ -5,7 +5,7 @@
  * Maglev table, reverse-NATs the backends' replies, and keeps flows on
  * their backend through conntrack.
  *
- * Per IPv4/IPv6 TCP/UDP packet (anything else passes untouched):
+ * Per IPv4/IPv6 TCP/UDP packet (other protocols pass, but ICMP errors, below):
  *   1. a backend's reply (CT_REPLY hit): source restored to the VIP;
  *   2. to a VIP:port/proto we serve: source ranges, then the flow's
  *      backend from conntrack, or a new one (affinity, then Maglev);
