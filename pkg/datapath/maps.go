@@ -122,8 +122,33 @@ type SourceRangeEntry struct {
 // service can be charged with).
 type Stats struct {
 	Packets, Bytes uint64
-	// Drops by reason, indexed by LB_DROP_* of bpf/l4xds.h.
-	Drops [len(bpf.L4xdsLbStats{}.Drops)]uint64
+	// Drops by reason.
+	Drops [NumDropReasons]uint64
+}
+
+// DropReason indexes Stats.Drops: LB_DROP_* of bpf/l4xds.h.
+type DropReason int
+
+const (
+	DropNoBackend DropReason = iota
+	DropSourceRange
+	DropUnknownPort
+	DropFragment
+	DropMalformed
+	DropBackendFamily
+	NumDropReasons
+)
+
+// The programs count as many drop reasons as named here.
+var _ [NumDropReasons]uint64 = bpf.L4xdsLbStats{}.Drops
+
+var dropReasonNames = [NumDropReasons]string{"no backend", "source range", "unknown port", "fragment", "malformed", "backend family"}
+
+func (r DropReason) String() string {
+	if r >= 0 && r < NumDropReasons {
+		return dropReasonNames[r]
+	}
+	return fmt.Sprintf("reason %d", int(r))
 }
 
 // collect returns the entries of a map; iterating a hash map while

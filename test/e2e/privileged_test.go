@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/l4xds/l4xds/pkg/datapath"
 	"github.com/l4xds/l4xds/test/netns"
 )
 
@@ -187,12 +188,12 @@ func TestPrivilegedLoadBalancer(t *testing.T) {
 		e.serve(t, svc("empty", fes...))
 		want := map[string]string{"TCP": "connection refused", "UDP": "ICMP unreachable"}
 		for _, fe := range fes {
-			before := e.serviceStats(t, fe).Drops[dropNoBackend]
+			before := e.serviceStats(t, fe).Drops[datapath.DropNoBackend]
 			r := e.probe(t, fe, 20, "--timeout", "3s")
 			if r.Answered != 0 || r.Errors[want[fe.proto]] != 20 {
 				t.Errorf("%s: want all 20 flows to fail with %q; got %s", fe, want[fe.proto], r)
 			}
-			if got := e.serviceStats(t, fe).Drops[dropNoBackend] - before; got < 20 {
+			if got := e.serviceStats(t, fe).Drops[datapath.DropNoBackend] - before; got < 20 {
 				t.Errorf("%s: %d no-backend drops counted for 20 rejected flows", fe, got)
 			}
 		}
@@ -207,12 +208,12 @@ func TestPrivilegedLoadBalancer(t *testing.T) {
 		included.endpoints = excluded.endpoints
 		e.serve(t, excluded, included)
 		for _, fe := range excluded.frontends {
-			before := e.serviceStats(t, fe).Drops[dropSourceRange]
+			before := e.serviceStats(t, fe).Drops[datapath.DropSourceRange]
 			r := e.probe(t, fe, 10, "--timeout", "500ms")
 			if r.Answered != 0 || r.Errors["timeout"] != 10 {
 				t.Errorf("%s from outside the source ranges: want all 10 flows dropped (timeout); got %s", fe, r)
 			}
-			if got := e.serviceStats(t, fe).Drops[dropSourceRange] - before; got < 10 {
+			if got := e.serviceStats(t, fe).Drops[datapath.DropSourceRange] - before; got < 10 {
 				t.Errorf("%s: %d source-range drops counted for 10 dropped flows", fe, got)
 			}
 		}

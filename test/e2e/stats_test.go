@@ -9,12 +9,6 @@ import (
 	"github.com/l4xds/l4xds/pkg/datapath"
 )
 
-// Drop reasons of lb_stats.drops (bpf/l4xds.h).
-const (
-	dropNoBackend   = 0
-	dropSourceRange = 1
-)
-
 // openMaps opens the agent's pinned maps for reading, whether an agent runs
 // or not.
 func (e *lbEnv) openMaps(t *testing.T) *datapath.Maps {
@@ -54,19 +48,12 @@ func (e *lbEnv) serviceStats(t *testing.T, f frontend) datapath.Stats {
 	return s
 }
 
-// dropNames are the lb_stats.drops reasons (bpf/l4xds.h), for logs.
-var dropNames = []string{"no backend", "source range", "unknown port", "fragment", "malformed", "backend family"}
-
 // statsDiff says what a service's counters gained between two reads.
 func statsDiff(before, after datapath.Stats) string {
 	s := fmt.Sprintf("+%d packets, +%d bytes", after.Packets-before.Packets, after.Bytes-before.Bytes)
 	for i := range after.Drops {
 		if d := after.Drops[i] - before.Drops[i]; d != 0 {
-			name := fmt.Sprintf("reason %d", i)
-			if i < len(dropNames) {
-				name = dropNames[i]
-			}
-			s += fmt.Sprintf(", +%d %s drops", d, name)
+			s += fmt.Sprintf(", +%d %s drops", d, datapath.DropReason(i))
 		}
 	}
 	return s
