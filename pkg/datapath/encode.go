@@ -126,14 +126,9 @@ func srcRangeToBPF(svcID uint32, p netip.Prefix) bpf.L4xdsLbSrcRangeKey {
 }
 
 func srcRangeFromBPF(k bpf.L4xdsLbSrcRangeKey) (netip.Prefix, error) {
-	addr := addr16FromBPF(k.Addr)
-	bits := int(k.Prefixlen) - srcRangeSvcBits
-	if addr.Is4In6() && bits >= 96 {
-		addr, bits = addr.Unmap(), bits-96
-	}
-	p, err := addr.Prefix(bits)
+	p, err := addr16FromBPF(k.Addr).Prefix(int(k.Prefixlen) - srcRangeSvcBits)
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("source range of service %d: %w", k.SvcId, err)
 	}
-	return p, nil
+	return normalPrefix(p), nil
 }
