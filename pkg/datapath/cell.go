@@ -41,6 +41,7 @@ type params struct {
 	Jobs      job.Registry
 	Health    cell.Health
 	ModuleID  cell.FullModuleID
+	Hooks     Hooks `optional:"true"`
 }
 
 // register validates the configuration and, for the BPF datapath, appends
@@ -56,9 +57,14 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 	}
 
 	ops := newOps(p.Log, p.DB, p.Frontends, uint32(p.Config.LBMaglevTableSize))
+	ops.written = p.Hooks.Written
 	var dp *Datapath
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
+			if p.Hooks.FakeMaps != nil {
+				ops.useFake(p.Hooks.FakeMaps)
+				return nil
+			}
 			var err error
 			if dp, err = Load(p.Log, p.Config); err != nil {
 				return fmt.Errorf("BPF datapath (--datapath=bpf needs root; --datapath=none runs without it): %w", err)
@@ -72,6 +78,9 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 		OnStop: func(cell.HookContext) error {
 			// The pins stay: the programs keep forwarding with the maps as
 			// they are until the next agent takes over.
+			if dp == nil {
+				return nil
+			}
 			return dp.Close()
 		},
 	})

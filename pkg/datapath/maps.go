@@ -297,6 +297,23 @@ func (m *Maps) ServiceStats(svcID uint32) (Stats, error) {
 // Writing, for the reconciler. Errors name the map and the entry.
 //
 
+// mapWriter is what the reconciler writes through: *Maps, or FakeMaps where
+// there are no BPF maps (benchmarks without root).
+type mapWriter interface {
+	putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error
+	deleteService(key bpf.L4xdsLbSvcKey, id uint32) error
+	putBackend(id uint32, v bpf.L4xdsLbBackend) error
+	deleteBackend(id uint32) error
+	putMaglev(svcID uint32, table []uint32) error
+	deleteMaglev(svcID uint32) error
+	putSourceRange(svcID uint32, p netip.Prefix) error
+	deleteSourceRange(svcID uint32, p netip.Prefix) error
+	setVIP(vip netip.Addr, n uint32) error
+	zeroStats(svcID uint32) error
+}
+
+var _ mapWriter = (*Maps)(nil)
+
 func (m *Maps) putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {
 	if err := m.services.Put(&key, &v); err != nil {
 		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, v.Id, err)

@@ -26,10 +26,14 @@ type ops struct {
 	frontends  statedb.Table[*lb.Frontend]
 	maglevSize uint32
 
-	// maps is set, and the registry restored, by restore before the
-	// reconciler starts.
-	maps *Maps
-	reg  *registry
+	// maps is set, and the registry restored, by restore (or useFake)
+	// before the reconciler starts; pinned is nil with fake maps.
+	maps   mapWriter
+	pinned *Maps
+	reg    *registry
+
+	// written, if set, is told of every frontend written (Hooks.Written).
+	written func(lb.L3n4Addr)
 
 	waitLogged bool
 }
@@ -44,7 +48,7 @@ func newOps(log *slog.Logger, db *statedb.DB, frontends statedb.Table[*lb.Fronte
 // frontends get the IDs they had. An entry that cannot be restored is
 // logged and left to Prune.
 func (o *ops) restore(maps *Maps) error {
-	o.maps = maps
+	o.maps, o.pinned = maps, maps
 	o.reg = newRegistry()
 	var skipped []error
 	keys, values, err := collect[bpf.L4xdsLbSvcKey, bpf.L4xdsLbSvc](maps.services)
@@ -83,6 +87,12 @@ func (o *ops) restore(maps *Maps) error {
 	return nil
 }
 
+// useFake makes the reconciler write into f, starting from nothing.
+func (o *ops) useFake(f *FakeMaps) {
+	o.maps, o.pinned = f, nil
+	o.reg = newRegistry()
+}
+
 // ready waits until the frontends table is initialized (the first full
 // state from the control plane) before the maps are touched: until then the
 // restored entries keep forwarding, and a cluster seen before its endpoints
@@ -119,6 +129,9 @@ func (o *ops) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revis
 	// changed behind the agent's back.
 	if err := o.update(fe, fe.Status.Kind == reconciler.StatusKindRefreshing); err != nil {
 		return fmt.Errorf("frontend %s: %w", fe.Address, err)
+	}
+	if o.written != nil {
+		o.written(fe.Address)
 	}
 	return nil
 }
@@ -278,10 +291,14 @@ func (o *ops) Prune(ctx context.Context, txn statedb.ReadTxn, objects iter.Seq2[
 	return errors.Join(errs...)
 }
 
-// pruneMaps deletes the entries the registry does not know.
+// pruneMaps deletes the entries the registry does not know. Fake maps
+// hold only what the registry wrote.
 func (o *ops) pruneMaps() error {
+	if o.pinned == nil {
+		return nil
+	}
 	var errs []error
-	keys, values, err := collect[bpf.L4xdsLbSvcKey, bpf.L4xdsLbSvc](o.maps.services)
+	keys, values, err := collect[bpf.L4xdsLbSvcKey, bpf.L4xdsLbSvc](o.pinned.services)
 	errs = append(errs, err)
 	for i, k := range keys {
 		fe, _ := svcKeyFromBPF(k)
@@ -295,7 +312,7 @@ func (o *ops) pruneMaps() error {
 		}
 	}
 
-	ids, bes, err := collect[uint32, bpf.L4xdsLbBackend](o.maps.backends)
+	ids, bes, err := collect[uint32, bpf.L4xdsLbBackend](o.pinned.backends)
 	errs = append(errs, err)
 	for i, id := range ids {
 		svc, ok := o.reg.byID[bes[i].SvcId]
@@ -308,7 +325,7 @@ func (o *ops) pruneMaps() error {
 		}
 	}
 
-	svcIDs, _, err := collect[uint32, uint32](o.maps.maglev)
+	svcIDs, _, err := collect[uint32, uint32](o.pinned.maglev)
 	errs = append(errs, err)
 	for _, id := range svcIDs {
 		if svc, ok := o.reg.byID[id]; !ok || (svc.maglevKnown && svc.maglev == nil) {
@@ -316,7 +333,7 @@ func (o *ops) pruneMaps() error {
 		}
 	}
 
-	ranges, _, err := collect[bpf.L4xdsLbSrcRangeKey, uint8](o.maps.srcRange)
+	ranges, _, err := collect[bpf.L4xdsLbSrcRangeKey, uint8](o.pinned.srcRange)
 	errs = append(errs, err)
 	for _, k := range ranges {
 		p, perr := srcRangeFromBPF(k)
@@ -325,13 +342,13 @@ func (o *ops) pruneMaps() error {
 			_, ok = svc.ranges[p]
 		}
 		if !ok {
-			if err := o.maps.srcRange.Delete(k); err != nil {
+			if err := o.pinned.srcRange.Delete(k); err != nil {
 				errs = append(errs, fmt.Errorf("delete from %s: service %d: %w", bpf.L4xdsMapL4xdsSrcrange, k.SvcId, err))
 			}
 		}
 	}
 
-	vips, err := o.maps.VIPs()
+	vips, err := o.pinned.VIPs()
 	errs = append(errs, err)
 	for vip, n := range vips {
 		if o.reg.vips[vip] != n {

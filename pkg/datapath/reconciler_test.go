@@ -37,6 +37,11 @@ type agent struct {
 
 func startAgent(t *testing.T, cfg Config) *agent {
 	t.Helper()
+	return startAgentWith(t, cfg, Hooks{})
+}
+
+func startAgentWith(t *testing.T, cfg Config, hooks Hooks) *agent {
+	t.Helper()
 	a := &agent{}
 	log, logs := testLogger(t)
 	a.logs = logs
@@ -46,7 +51,7 @@ func startAgent(t *testing.T, cfg Config) *agent {
 		health.Cell,
 		lb.Cell,
 		cell.Module("datapath", "Datapath under test",
-			cell.Provide(func() Config { return cfg }),
+			cell.Provide(func() Config { return cfg }, func() Hooks { return hooks }),
 			cell.Invoke(func(p params, w *lb.Writer) (err error) {
 				a.w, a.db = w, p.DB
 				a.done = w.RegisterInitializer("test")

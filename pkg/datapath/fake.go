@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"net/netip"
+	"sync"
+
+	"github.com/l4xds/l4xds/pkg/datapath/bpf"
+	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+// Hooks adapt the datapath cell for benchmarks and tests. The agent
+// provides none; a hive that provides a Hooks (cell.Provide) gets them.
+type Hooks struct {
+	// FakeMaps, if set, take the place of the BPF maps: nothing is loaded
+	// or attached, and the reconciler writes into them. It needs no root.
+	FakeMaps *FakeMaps
+	// Written, if set, is called by the reconciler after it has written a
+	// frontend's entries into the maps (every write of the update done).
+	Written func(frontend lb.L3n4Addr)
+}
+
+// FakeMaps stand in for the BPF maps where there are none: the reconciler
+// writes into them what it would write into the maps. A Maglev table is
+// kept as its size, not its slots, so that the fake adds little to the heap
+// of a benchmark (in the real maps the tables are kernel memory).
+type FakeMaps struct {
+	mu       sync.Mutex
+	services map[bpf.L4xdsLbSvcKey]bpf.L4xdsLbSvc
+	backends map[uint32]bpf.L4xdsLbBackend
+	maglev   map[uint32]int
+	ranges   map[bpf.L4xdsLbSrcRangeKey]struct{}
+	vips     map[netip.Addr]uint32
+}
+
+var _ mapWriter = (*FakeMaps)(nil)
+
+func NewFakeMaps() *FakeMaps {
+	return &FakeMaps{
+		services: map[bpf.L4xdsLbSvcKey]bpf.L4xdsLbSvc{},
+		backends: map[uint32]bpf.L4xdsLbBackend{},
+		maglev:   map[uint32]int{},
+		ranges:   map[bpf.L4xdsLbSrcRangeKey]struct{}{},
+		vips:     map[netip.Addr]uint32{},
+	}
+}
+
+// FakeCounts are the numbers of entries of each map.
+type FakeCounts struct {
+	Services, Backends, MaglevTables, SourceRanges, VIPs int
+}
+
+func (f *FakeMaps) Counts() FakeCounts {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return FakeCounts{len(f.services), len(f.backends), len(f.maglev), len(f.ranges), len(f.vips)}
+}
+
+// Service returns the entry of a frontend.
+func (f *FakeMaps) Service(fe lb.L3n4Addr) (ServiceEntry, bool) {
+	key, err := svcKeyToBPF(fe)
+	if err != nil {
+		return ServiceEntry{}, false
+	}
+	f.mu.Lock()
+	v, ok := f.services[key]
+	f.mu.Unlock()
+	return ServiceEntry{Frontend: fe, ID: v.Id, Count: v.Count}, ok
+}
+
+func (f *FakeMaps) putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.services[key] = v
+	return nil
+}
+
+func (f *FakeMaps) deleteService(key bpf.L4xdsLbSvcKey, _ uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.services, key)
+	return nil
+}
+
+func (f *FakeMaps) putBackend(id uint32, v bpf.L4xdsLbBackend) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.backends[id] = v
+	return nil
+}
+
+func (f *FakeMaps) deleteBackend(id uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.backends, id)
+	return nil
+}
+
+func (f *FakeMaps) putMaglev(svcID uint32, table []uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.maglev[svcID] = len(table)
+	return nil
+}
+
+func (f *FakeMaps) deleteMaglev(svcID uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.maglev, svcID)
+	return nil
+}
+
+func (f *FakeMaps) putSourceRange(svcID uint32, p netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ranges[srcRangeToBPF(svcID, p)] = struct{}{}
+	return nil
+}
+
+func (f *FakeMaps) deleteSourceRange(svcID uint32, p netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.ranges, srcRangeToBPF(svcID, p))
+	return nil
+}
+
+func (f *FakeMaps) setVIP(vip netip.Addr, n uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n == 0 {
+		delete(f.vips, vip)
+	} else {
+		f.vips[vip] = n
+	}
+	return nil
+}
+
+func (f *FakeMaps) zeroStats(uint32) error { return nil }
