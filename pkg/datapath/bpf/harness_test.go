@@ -45,20 +45,33 @@ const (
 
 // datapath is the program loaded with fresh, unpinned maps.
 type datapath struct {
-	t    *testing.T
+	t    testing.TB
 	objs L4xdsObjects
 }
 
-func newDatapath(t *testing.T) *datapath {
+func newDatapath(t testing.TB) *datapath {
+	return newDatapathCT(t, testCTEntries)
+}
+
+// testCTEntries sizes l4xds_ct in tests: LRU maps are preallocated.
+const testCTEntries = 4096
+
+// newDatapathCT is newDatapath with room for ctEntries conntrack entries.
+func newDatapathCT(t testing.TB, ctEntries uint32) *datapath {
 	t.Helper()
 	d := &datapath{t: t}
-	load(t, &d.objs, nil)
+	loadCT(t, &d.objs, nil, ctEntries)
 	t.Cleanup(func() { d.objs.Close() })
 	return d
 }
 
 // load loads the program with unpinned maps sized for tests.
-func load(t *testing.T, objs *L4xdsObjects, opts *ebpf.CollectionOptions) {
+func load(t testing.TB, objs *L4xdsObjects, opts *ebpf.CollectionOptions) {
+	t.Helper()
+	loadCT(t, objs, opts, testCTEntries)
+}
+
+func loadCT(t testing.TB, objs *L4xdsObjects, opts *ebpf.CollectionOptions, ctEntries uint32) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads BPF programs and runs them with BPF_PROG_RUN")
@@ -71,7 +84,7 @@ func load(t *testing.T, objs *L4xdsObjects, opts *ebpf.CollectionOptions) {
 		m.Pinning = ebpf.PinNone
 	}
 	// LRU maps are preallocated: keep them small in tests.
-	spec.Maps[L4xdsMapL4xdsCt].MaxEntries = 4096
+	spec.Maps[L4xdsMapL4xdsCt].MaxEntries = ctEntries
 	spec.Maps[L4xdsMapL4xdsAffinity].MaxEntries = 1024
 	spec.Maps[L4xdsMapL4xdsFrags].MaxEntries = 1024
 	spec.Maps[L4xdsMapL4xdsStats].MaxEntries = 64

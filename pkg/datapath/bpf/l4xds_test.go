@@ -512,7 +512,7 @@ func wantStats(t *testing.T, d *datapath, id uint32, packets, bytes int, drops m
 }
 
 // monotonicNow is bpf_ktime_get_ns() as seen from user space.
-func monotonicNow(t *testing.T) uint64 {
+func monotonicNow(t testing.TB) uint64 {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		t.Fatal(err)
