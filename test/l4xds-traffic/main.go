@@ -6,6 +6,7 @@
 //	serve  answers every TCP connection and UDP datagram with its name
 //	probe  opens N new flows to an address and counts which backend answered
 //	hold   keeps one TCP connection open and echoes over it at an interval
+//	load   sends as much traffic as an address answers and reports the rates
 package main
 
 import (
@@ -34,7 +35,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCommand(), probeCommand(), holdCommand())
+	root.AddCommand(serveCommand(), probeCommand(), holdCommand(), loadCommand())
 	if err := root.Execute(); err != nil {
 		if _, ok := err.(errTrafficFailed); ok {
 			os.Exit(exitTrafficFailed)
