@@ -19,8 +19,14 @@ test: build
 	$(GO) vet $(PKGS)
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m $(PKGS)
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m $(PKGS)
+# Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
+# own: the micro-benchmarks with Go's timing, then the end-to-end ones of
+# test/bench once each (every run is a whole server and agent). As root they
+# use real BPF maps; Documentation/performance.md has the figures.
+BENCH_E2E := ./test/bench
+bench: build
+	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m $$($(GO) list $(PKGS) | grep -v '/test/bench$$')
+	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchtime=1x -count=1 -timeout 60m $(BENCH_E2E)
 
 # Fuzz the io.cilium.l4lb translation (FUZZTIME=5m for longer).
 FUZZTIME ?= 60s

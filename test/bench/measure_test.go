@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// convergence is what one convergence run measured.
+type convergence struct {
+	shape    shape
+	protocol string
+	// seconds from the server's SetResources to the last frontend Done.
+	seconds float64
+	// agentHeap is the live heap the agent holds at convergence: the live
+	// heap then, less the live heap once the agent is stopped and dropped
+	// (what stays is the server's: its resources and their encodings).
+	agentHeap int64
+	// serverHeap is the live heap the server gained by serving them.
+	serverHeap int64
+	// mallocs counts the allocations of the process (agent and server)
+	// from the SetResources to convergence.
+	mallocs uint64
+	// rss is the process's peak resident set (VmHWM) during the run.
+	rss int64
+}
+
+func (c convergence) String() string {
+	n, b := float64(c.shape.N), float64(c.shape.N*c.shape.M)
+	return fmt.Sprintf("BENCH convergence shape=%s protocol=%s maps=%s seconds=%.3f services_per_s=%.0f backends_per_s=%.0f "+
+		"heap_inuse_bytes_per_service=%.0f allocs_per_service=%.0f server_heap_bytes_per_service=%.0f rss_bytes=%d",
+		c.shape, c.protocol, mapsKind(), c.seconds, n/c.seconds, b/c.seconds,
+		float64(c.agentHeap)/n, float64(c.mallocs)/n, float64(c.serverHeap)/n, c.rss)
+}
+
+// liveHeap is the heap in use by reachable objects, after a collection.
+func liveHeap() (int64, runtime.MemStats) {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc), m
+}
+
+// measureConvergence starts a server with nothing and an agent that has
+// that empty state (the tables initialized, the reconciler idle), then
+// gives the server the shape's resources and measures until the agent has
+// written every frontend to the maps: the definition of Cilium's
+// load-balancer benchmark, where the agent runs and the objects are fed.
+func measureConvergence(tb testing.TB, s shape, protocol string) convergence {
+	tb.Helper()
+	resetPeakRSS()
+	srv := startServer(tb)
+	a := startAgent(tb, srv, protocol)
+	a.initialized(tb)
+	clusters, clas := resources(s)
+
+	heapBefore, before := liveHeap()
+	start := time.Now()
+	srv.set(clusters, clas)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	last, err := a.converged(ctx, s.N, s.M)
+	cancel()
+	if err != nil {
+		tb.Fatalf("%s %s: %v", s, protocol, err)
+	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	heapConverged, _ := liveHeap()
+	if err := a.checkMaps(s); err != nil {
+		tb.Fatalf("%s %s: converged, but %v", s, protocol, err)
+	}
+	rss := peakRSS(tb)
+
+	a.stop()
+	a = nil
+	heapServer, _ := liveHeap()
+	return convergence{
+		shape:      s,
+		protocol:   protocol,
+		seconds:    last.Sub(start).Seconds(),
+		agentHeap:  heapConverged - heapServer,
+		serverHeap: heapServer - heapBefore,
+		mallocs:    after.Mallocs - before.Mallocs,
+		rss:        rss,
+	}
+}
+
+// updates is what an update-latency run measured.
+type updates struct {
+	shape     shape
+	protocol  string
+	latencies []time.Duration // sorted
+}
+
+func (u updates) quantile(q float64) time.Duration {
+	return u.latencies[min(len(u.latencies)-1, int(q*float64(len(u.latencies))))]
+}
+
+func (u updates) String() string {
+	ms := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds()*1000, 'f', 3, 64) }
+	return fmt.Sprintf("BENCH update shape=%s protocol=%s maps=%s n=%d p50_ms=%s p99_ms=%s max_ms=%s",
+		u.shape, u.protocol, mapsKind(), len(u.latencies), ms(u.quantile(0.5)), ms(u.quantile(0.99)), ms(u.latencies[len(u.latencies)-1]))
+}
+
+// measureUpdates converges the shape, then changes one endpoint's weight
+// in one ClusterLoadAssignment at a time, n times, each in another cluster,
+// and measures from the server's UpdateResource to the reconciler's having
+// written that cluster's frontend to the maps (its Maglev table changes).
+func measureUpdates(tb testing.TB, s shape, protocol string, n int) updates {
+	tb.Helper()
+	if n > s.N {
+		tb.Fatalf("%d updates need as many clusters, not %d", n, s.N)
+	}
+	srv := startServer(tb)
+	a := startAgent(tb, srv, protocol)
+	a.initialized(tb)
+	srv.set(resources(s))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	_, err := a.converged(ctx, s.N, s.M)
+	cancel()
+	if err != nil {
+		tb.Fatalf("%s %s: %v", s, protocol, err)
+	}
+
+	u := updates{shape: s, protocol: protocol}
+	// A stride prime to N visits n distinct clusters, spread over all.
+	const stride = 7919
+	for k := range n {
+		i, j := k*stride%s.N, k%s.M
+		fe := vip(i)
+		next := cla(i, s.M, func(e int) uint32 {
+			if e == j {
+				return 2
+			}
+			return 1
+		})
+		a.watched.Store(&fe)
+		start := time.Now()
+		if err := srv.endpoints.UpdateResource(clusterName(i), next); err != nil {
+			tb.Fatal(err)
+		}
+		select {
+		case at := <-a.writes:
+			u.latencies = append(u.latencies, at.Sub(start))
+		case <-time.After(time.Minute):
+			tb.Fatalf("update %d: frontend %s not written in a minute", k, fe)
+		}
+	}
+	slices.Sort(u.latencies)
+	return u
+}
+
+// resetPeakRSS resets VmHWM to the current RSS (Linux's clear_refs 5), so
+// that each run reports its own peak.
+func resetPeakRSS() {
+	os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+}
+
+// peakRSS is VmHWM of /proc/self/status, in bytes.
+func peakRSS(tb testing.TB) int64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				tb.Fatalf("VmHWM %q: %v", rest, err)
+			}
+			return kb << 10
+		}
+	}
+	tb.Fatal("no VmHWM in /proc/self/status")
+	return 0
+}
