@@ -38,9 +38,9 @@ type LoadReport struct {
 	Answered    int64 `json:"answered"`
 	Connections int64 `json:"connections"`
 	Bytes       int64 `json:"bytes"`
-	// Timeouts counts UDP sockets whose whole window of requests went
-	// unanswered for --timeout (the window is sent again).
-	Timeouts      int64   `json:"timeouts"`
+	// Lost counts UDP datagrams unanswered after --timeout (each is
+	// replaced by a new one).
+	Lost          int64   `json:"lost"`
 	PacketsPerSec float64 `json:"packets_per_sec"` // UDP answers per second
 	ConnsPerSec   float64 `json:"conns_per_sec"`
 	BitsPerSec    float64 `json:"bits_per_sec"` // payload that came back
@@ -125,10 +125,10 @@ nothing was answered at all.`,
 
 // loadCounts is one flow's share of a LoadReport.
 type loadCounts struct {
-	answered, connections, bytes, timeouts int64
-	backends                               map[string]*int64
-	errors                                 map[string]int
-	examples                               map[string]string
+	answered, connections, bytes, lost int64
+	backends                           map[string]*int64
+	errors                             map[string]int
+	examples                           map[string]string
 }
 
 func (c *loadCounts) backend(name []byte) {
@@ -171,7 +171,7 @@ func load(to, proto, mode string, conns, size, window int, duration, timeout tim
 			r.Answered += c.answered
 			r.Connections += c.connections
 			r.Bytes += c.bytes
-			r.Timeouts += c.timeouts
+			r.Lost += c.lost
 			for name, n := range c.backends {
 				r.Backends[name] += *n
 			}
@@ -192,8 +192,9 @@ func load(to, proto, mode string, conns, size, window int, duration, timeout tim
 }
 
 // loadRR keeps window datagrams in flight on one connected socket until
-// end: one more for each answer, the whole window again after timeout
-// without any.
+// end: one more for each answer, and one for each datagram still
+// unanswered after timeout (lost: UDP has no retransmission), so that a
+// loss does not shrink the window for the rest of the run.
 func loadRR(c *loadCounts, to string, size, window int, end time.Time, timeout time.Duration) {
 	conn, err := net.Dial("udp", to)
 	if err != nil {
@@ -203,54 +204,58 @@ func loadRR(c *loadCounts, to string, size, window int, end time.Time, timeout t
 	defer conn.Close()
 	req := filler(size)
 	buf := make([]byte, 2048)
-	send := func(n int) bool {
+	var sent, lost int64
+	send := func(n int64) bool {
 		for range n {
 			if _, err := conn.Write(req); err != nil {
 				c.fail("udp", err)
 				return false
 			}
+			sent++
 		}
 		return true
 	}
-	// A deadline per read would cost a timer update per datagram: it is
-	// renewed every few hundred answers instead.
-	need, sinceDeadline := window, 0
-	for now := time.Now(); now.Before(end); now = time.Now() {
+	// Every timeout (a tick), what was sent before the previous tick and
+	// is still unanswered counts as lost. The read deadline is the next
+	// tick: a deadline per datagram would cost a timer update each.
+	var sentByLastTick int64
+	tick := time.Now()
+	need := int64(window)
+	for now := tick; now.Before(end); now = time.Now() {
+		if !now.Before(tick) {
+			if l := sentByLastTick - c.answered - lost; l > 0 {
+				lost += l
+				need += l
+			}
+			sentByLastTick = sent
+			tick = now.Add(timeout)
+			if tick.After(end) {
+				tick = end
+			}
+			conn.SetReadDeadline(tick)
+		}
 		if need > 0 && !send(need) {
-			// An ICMP error (no backend): wait a little, then try again.
+			// An ICMP error (no backend): wait a little, then again.
 			time.Sleep(10 * time.Millisecond)
+			need = int64(window) - (sent - c.answered - lost)
 			continue
 		}
 		need = 0
-		if sinceDeadline == 0 {
-			deadline := now.Add(timeout)
-			if deadline.After(end) {
-				deadline = end
-			}
-			conn.SetReadDeadline(deadline)
-			sinceDeadline = 256
-		}
 		n, err := conn.Read(buf)
 		var ne net.Error
 		switch {
 		case errors.As(err, &ne) && ne.Timeout():
-			if time.Now().Before(end) {
-				c.timeouts++
-			}
-			need, sinceDeadline = window, 0
 			continue
 		case err != nil:
 			c.fail("udp", err)
-			time.Sleep(10 * time.Millisecond)
-			need, sinceDeadline = window, 0
 			continue
 		}
 		c.answered++
 		c.bytes += int64(n)
 		c.backend(buf[:n])
-		sinceDeadline--
 		need = 1
 	}
+	c.lost = lost
 }
 
 // loadConnect opens connections one after the other until end.
@@ -326,7 +331,7 @@ func (r *LoadReport) print(w io.Writer) {
 	fmt.Fprintf(w, "%s %s %s: %d flows of %d bytes for %.1f s\n", r.Proto, r.Mode, r.To, r.Conns, r.Size, r.Seconds)
 	switch r.Mode {
 	case modeRR:
-		fmt.Fprintf(w, "  %d answered: %.0f packets/s, %d timeouts\n", r.Answered, r.PacketsPerSec, r.Timeouts)
+		fmt.Fprintf(w, "  %d answered: %.0f packets/s, %d lost\n", r.Answered, r.PacketsPerSec, r.Lost)
 	case modeConnect:
 		fmt.Fprintf(w, "  %d connections: %.0f connections/s\n", r.Connections, r.ConnsPerSec)
 	case modeStream:
