@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package xds
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/cilium/statedb"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// recordingStream keeps the requests the client sends.
+type recordingStream struct{ sent []*request }
+
+func (s *recordingStream) send(r *request) error    { s.sent = append(s.sent, r); return nil }
+func (s *recordingStream) recv() (*response, error) { return nil, io.EOF }
+
+// TestDocsNACKMessages: the NACKs the client itself sends for resources it
+// cannot decode, before any handler sees them, are listed in
+// troubleshooting.md as the client words them.
+func TestDocsNACKMessages(t *testing.T) {
+	data, err := os.ReadFile("../../Documentation/troubleshooting.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(data)
+
+	named, err := anypb.New(&endpointv3.ClusterLoadAssignment{ClusterName: "db"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unnamed, err := anypb.New(&clusterv3.Cluster{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		raw  rawResource
+		// want is the NACK's error_detail, or its start when the rest is
+		// protobuf's wording.
+		want string
+	}{
+		{"no body", rawResource{name: "db"}, `cluster "db": resource has no body`},
+		{"no name", rawResource{any: unnamed}, "cluster #0: resource has no name"},
+		{"other type", rawResource{any: named},
+			`cluster "db": resource of type type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment in a response of type type.googleapis.com/envoy.config.cluster.v3.Cluster`},
+		{"undecodable", rawResource{any: &anypb.Any{TypeUrl: ClusterType, Value: []byte{0xff}}},
+			"cluster #0: cannot decode type.googleapis.com/envoy.config.cluster.v3.Cluster: "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client, err := NewClient(Config{
+				EnableXDSControlPlane:          true,
+				XDSServerAddress:               "xds.example.internal:9000",
+				XDSInsecure:                    true,
+				XDSProtocol:                    ProtocolSotW,
+				XDSMaxRecvMsgSize:              DefaultConfig.XDSMaxRecvMsgSize,
+				XDSResourceDoesNotExistTimeout: DefaultConfig.XDSResourceDoesNotExistTimeout,
+			}, slog.New(slog.DiscardHandler), statedb.New(), WithHealth(nopHealth{}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			client.Watch(ClusterType, true, HandlerFunc(func(context.Context, Update) map[string]error { return nil }))
+			client.applyWatches()
+			st := &recordingStream{}
+			resp := &response{typeURL: ClusterType, version: "1", nonce: "1", resources: []rawResource{c.raw}}
+			if err := client.handleResponse(context.Background(), st, resp); err != nil {
+				t.Fatal(err)
+			}
+			if len(st.sent) != 1 || st.sent[0].errorDetail == nil {
+				t.Fatalf("want one NACK, sent %+v", st.sent)
+			}
+			got := st.sent[0].errorDetail.GetMessage()
+			if !strings.HasPrefix(got, c.want) {
+				t.Fatalf("NACK error_detail = %q, want %q", got, c.want)
+			}
+			if !strings.Contains(doc, "`"+c.want) {
+				t.Errorf("troubleshooting.md does not list the NACK error\n\t%s", c.want)
+			}
+		})
+	}
+}
