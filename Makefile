@@ -5,7 +5,7 @@ BIN      := bin
 BINARIES := l4xds-agent l4xds-dbg l4xds-control-plane
 PKGS     := ./...
 
-.PHONY: all build test bench fuzz generate demo lint clean
+.PHONY: all build test bench fuzz generate demo docs lint clean
 
 all: build
 
@@ -41,6 +41,11 @@ generate:
 
 demo: build
 	./test/demo.sh
+
+# Regenerates the generated parts of Documentation/ (the agent's flag table,
+# the command reference) from the binaries' --help; `make test` checks them.
+docs: build
+	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run 'TestFlagReference|TestCommandReference' ./internal/docs -update
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
