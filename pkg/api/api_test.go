@@ -68,7 +68,7 @@ func serve(t *testing.T) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: NewHandler(db, reg, cmds)}
+	srv := &http.Server{Handler: NewHandler(db, reg, cmds, Settings{"datapath": "none"})}
 	go srv.Serve(lis)
 	t.Cleanup(func() { srv.Close() })
 	return fixture{client: NewClient(socket), socket: socket, health: reg}
@@ -151,5 +151,25 @@ func TestClientNamesTheSocketWhenTheAgentIsNotRunning(t *testing.T) {
 	_, err := c.Health(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "none.sock") || !strings.Contains(err.Error(), "is l4xds-agent running") {
 		t.Errorf("error %v, want one naming the socket and the likely cause", err)
+	}
+}
+
+func TestTableAndConfigDecodeForTheClient(t *testing.T) {
+	f := serve(t)
+	var rows []row
+	if err := f.client.Table(context.Background(), "rows", &rows); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0] != (row{"a", "1"}) || rows[1] != (row{"b", "2"}) {
+		t.Errorf("rows = %v, want [{a 1} {b 2}]", rows)
+	}
+	err := f.client.Table(context.Background(), "nosuchtable", &rows)
+	if err == nil || !strings.Contains(err.Error(), `no table "nosuchtable"`) {
+		t.Errorf("missing table: error %v, want one naming it", err)
+	}
+
+	settings, err := f.client.Config(context.Background())
+	if err != nil || settings["datapath"] != "none" {
+		t.Errorf("config = %v, %v; want datapath none", settings, err)
 	}
 }

@@ -7,7 +7,7 @@ import "github.com/cilium/hive/cell"
 // Cell serves the local API on --api-socket.
 var Cell = cell.Module(
 	"api",
-	"Local API on a unix socket for statedb and shell and health",
+	"Local API on a unix socket for statedb and shell and health and config",
 
 	cell.Config(Config{APISocket: DefaultSocket}),
 	cell.Invoke(register),

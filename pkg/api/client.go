@@ -86,6 +86,49 @@ func (c *Client) Health(ctx context.Context) (HealthReport, error) {
 	return rep, nil
 }
 
+// Config returns the agent's settings (/config).
+func (c *Client) Config(ctx context.Context) (Settings, error) {
+	var s Settings
+	return s, c.getJSON(ctx, "config", &s)
+}
+
+// Table decodes every row of one of the agent's tables into rows, a pointer
+// to a slice, in the order of the table's primary index.
+func (c *Client) Table(ctx context.Context, table string, rows any) error {
+	var dump map[string]json.RawMessage
+	if err := c.getJSON(ctx, "statedb/dump/"+table, &dump); err != nil {
+		return err
+	}
+	raw, ok := dump[table]
+	if !ok {
+		return fmt.Errorf("agent at %s has no table %q", c.Socket, table)
+	}
+	if err := json.Unmarshal(raw, rows); err != nil {
+		return fmt.Errorf("agent at %s: table %s: %w", c.Socket, table, err)
+	}
+	return nil
+}
+
+func (c *Client) getJSON(ctx context.Context, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL.JoinPath(path).String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		return fmt.Errorf("agent at %s: /%s: %s: %s", c.Socket, path, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("agent at %s: /%s: %w", c.Socket, path, err)
+	}
+	return nil
+}
+
 func (c *Client) do(req *http.Request) (*http.Response, error) {
 	resp, err := c.http.Do(req)
 	if err != nil {

@@ -2,7 +2,8 @@
 
 // Package api serves the agent's local API on a unix socket: the StateDB
 // tables (/statedb/, the handler that statedb.RemoteTable and l4xds-dbg
-// read), the hive shell (/shell) and health (/healthz).
+// read), the hive shell (/shell), health (/healthz) and the agent's
+// settings (/config).
 package api
 
 import (
@@ -47,10 +48,20 @@ type HealthReport struct {
 	Statuses []health.Status `json:"statuses"`
 }
 
+// Settings are the agent's settings, flags and config files merged, by
+// flag name: the body of /config.
+type Settings map[string]any
+
 // NewHandler returns the API's routes.
-func NewHandler(db *statedb.DB, reg *health.Registry, cmds map[string]script.Cmd) http.Handler {
+func NewHandler(db *statedb.DB, reg *health.Registry, cmds map[string]script.Cmd, settings Settings) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/statedb/", http.StripPrefix("/statedb", db.HTTPHandler()))
+	mux.HandleFunc("/config", func(w http.ResponseWriter, r *http.Request) {
+		// l4xds-dbg reads where the datapath is (--datapath, --bpf-root)
+		// and which server the agent was told to use.
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(settings)
+	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		rep := HealthReport{OK: len(reg.Degraded()) == 0, Statuses: reg.All()}
 		w.Header().Set("Content-Type", "application/json")
@@ -102,6 +113,7 @@ type params struct {
 	DB        *statedb.DB
 	Health    *health.Registry
 	Cmds      hive.ScriptCmds
+	Settings  cell.AllSettings
 }
 
 func register(p params) {
@@ -110,7 +122,7 @@ func register(p params) {
 		return
 	}
 	srv := &http.Server{
-		Handler:           NewHandler(p.DB, p.Health, p.Cmds.Map()),
+		Handler:           NewHandler(p.DB, p.Health, p.Cmds.Map(), Settings(p.Settings)),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	p.Lifecycle.Append(cell.Hook{
