@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package dbg is l4xds-dbg: it inspects a running agent through its API
-// socket, the way cilium-dbg inspects the Cilium agent.
+// socket, the way cilium-dbg inspects the Cilium agent, and the datapath
+// through its pinned BPF maps, which works while the agent is down.
 package dbg
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -22,7 +24,7 @@ func Command() *cobra.Command {
 	socket := api.DefaultSocket
 	root := &cobra.Command{
 		Use:           "l4xds-dbg",
-		Short:         "Inspect a running l4xds agent",
+		Short:         "Inspect a running l4xds agent and its datapath",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -46,7 +48,7 @@ func Command() *cobra.Command {
 				}
 				line = "db/watch " + args[0]
 			}
-			return run(client(), line)
+			return run(client(), line, cmd.OutOrStdout())
 		},
 	}
 	statedbCmd.Flags().StringVarP(&format, "output", "o", "table", "Output format: table, json or yaml")
@@ -58,33 +60,18 @@ func Command() *cobra.Command {
 		Example: "  l4xds-dbg shell -- db/show frontends\n  l4xds-dbg shell -- help",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return run(client(), shellJoin(args))
+			return run(client(), shellJoin(args), cmd.OutOrStdout())
 		},
 	}
 
-	xdsCmd := &cobra.Command{Use: "xds", Short: "Inspect the agent's xDS client"}
-	xdsCmd.AddCommand(&cobra.Command{
-		Use:   "status",
-		Short: "Server, connection state, per-type versions, and every resource's state and last NACK error",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c := client()
-			if err := run(c, "xds/status"); err != nil {
-				return err
-			}
-			fmt.Println()
-			return run(c, "db/show xds-resources")
-		},
-	})
-
-	root.AddCommand(statedbCmd, shellCmd, xdsCmd)
+	root.AddCommand(statedbCmd, shellCmd, statusCommand(client), xdsCommand(client), bpfCommand())
 	return root
 }
 
-func run(c *api.Client, line string) error {
+func run(c *api.Client, line string, out io.Writer) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	err := c.Shell(ctx, line, os.Stdout)
+	err := c.Shell(ctx, line, out)
 	if ctx.Err() != nil {
 		return nil // interrupted while watching
 	}

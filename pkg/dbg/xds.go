@@ -1,0 +1,219 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package dbg
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/l4xds/l4xds/pkg/api"
+)
+
+func xdsCommand(client func() *api.Client) *cobra.Command {
+	cmd := &cobra.Command{Use: "xds", Short: "Inspect the agent's xDS client"}
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "Server, connection state, per-type versions, and every resource's version, state and last NACK error",
+		Args:  cobra.NoArgs,
+	}
+	output := outputFlag(status)
+	status.RunE = func(cmd *cobra.Command, args []string) error {
+		if err := checkOutput(*output); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(cmd.Context(), requestTimeout)
+		defer cancel()
+		c := client()
+		settings, err := c.Config(ctx)
+		if err != nil {
+			return err
+		}
+		v, err := readXDS(ctx, c, settings)
+		if err != nil {
+			return err
+		}
+		if *output == "json" {
+			return writeJSON(cmd.OutOrStdout(), v)
+		}
+		return printXDS(cmd.OutOrStdout(), v, time.Now())
+	}
+	cmd.AddCommand(status)
+	return cmd
+}
+
+// requestTimeout bounds a one-shot read of the agent's API.
+const requestTimeout = 30 * time.Second
+
+// The rows of the xDS client's tables (xds.TypeStatus, xds.ResourceStatus)
+// as the agent encodes them. Mirrored rather than imported: pkg/xds brings
+// gRPC and the Envoy API, which would triple the size of l4xds-dbg; a test
+// keeps the mirrors in step with pkg/xds.
+const (
+	xdsStatusTable    = "xds-status"
+	xdsResourcesTable = "xds-resources"
+
+	stateAcked           = "acked"
+	stateNacked          = "nacked"
+	stateNackedButCached = "nacked-but-cached"
+	stateDoesNotExist    = "does-not-exist"
+	stateRequested       = "requested"
+)
+
+type xdsTypeStatus struct {
+	TypeURL  string
+	Wildcard bool
+	Server   string
+	Protocol string
+	State    string
+	Attempts uint64
+	Version  string
+	Nonce    string
+	Synced   bool
+	Error    string
+	Since    time.Time
+}
+
+type xdsResource struct {
+	TypeURL string
+	Name    string
+	Version string
+	State   string
+	Error   string
+	Updated time.Time
+}
+
+// shortTypeName is the message name of a type URL: "Cluster" for
+// "type.googleapis.com/envoy.config.cluster.v3.Cluster".
+func shortTypeName(typeURL string) string {
+	return typeURL[strings.LastIndexByte(typeURL, '.')+1:]
+}
+
+// xdsView is the xDS client as the agent's tables show it.
+type xdsView struct {
+	Enabled bool `json:"enabled"`
+	// Types is xds-status: the connection and each watched type.
+	Types []xdsTypeStatus `json:"types"`
+	// Resources is xds-resources, by type then name.
+	Resources []xdsResource `json:"resources"`
+}
+
+func readXDS(ctx context.Context, c *api.Client, settings api.Settings) (xdsView, error) {
+	v := xdsView{Enabled: settingBool(settings, "enable-xds-control-plane")}
+	if err := c.Table(ctx, xdsStatusTable, &v.Types); err != nil {
+		return v, err
+	}
+	if err := c.Table(ctx, xdsResourcesTable, &v.Resources); err != nil {
+		return v, err
+	}
+	return v, nil
+}
+
+// connection is the stream's state, as every row of xds-status repeats it.
+func (v xdsView) connection(now time.Time) (server, state, lastError string) {
+	if !v.Enabled {
+		return "", "xDS control plane disabled (--enable-xds-control-plane)", ""
+	}
+	if len(v.Types) == 0 {
+		return "", "starting: no stream yet", ""
+	}
+	s := v.Types[0]
+	server = fmt.Sprintf("%s (%s)", s.Server, s.Protocol)
+	state = fmt.Sprintf("%s for %s, %s", s.State, age(now.Sub(s.Since)), plural(int(s.Attempts), "connection attempt", "connection attempts"))
+	return server, state, s.Error
+}
+
+func printXDS(w io.Writer, v xdsView, now time.Time) error {
+	server, state, lastError := v.connection(now)
+	if !v.Enabled {
+		_, err := fmt.Fprintln(w, state)
+		return err
+	}
+	t := newTable(w)
+	if server != "" {
+		t.row("Server:", server)
+	}
+	t.row("State:", state)
+	if lastError != "" {
+		t.row("Last error:", lastError)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if len(v.Types) > 0 {
+		fmt.Fprintln(w)
+		t.row("Type", "Version", "Synced")
+		for _, s := range v.Types {
+			t.row(shortTypeName(s.TypeURL), orDash(s.Version), yesNo(s.Synced))
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(w)
+	if len(v.Resources) == 0 {
+		_, err := fmt.Fprintln(w, "No resources requested or received yet")
+		return err
+	}
+	t.row("Type", "Name", "Version", "State", "Updated", "Error")
+	for _, r := range v.Resources {
+		t.row(shortTypeName(r.TypeURL), r.Name, orDash(r.Version), r.State,
+			r.Updated.UTC().Format(time.RFC3339), orDash(oneLine(r.Error)))
+	}
+	return t.flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// oneLine keeps a multi-line error on its table row.
+func oneLine(s string) string { return strings.ReplaceAll(s, "\n", "; ") }
+
+// settingBool reads a boolean setting: flags hold bools, the config dir
+// strings.
+func settingBool(s api.Settings, key string) bool {
+	b, _ := strconv.ParseBool(fmt.Sprint(s[key]))
+	return b
+}
+
+func settingString(s api.Settings, key string) string {
+	if v, ok := s[key]; ok && v != nil {
+		return fmt.Sprint(v)
+	}
+	return ""
+}
+
+// settingStrings reads a list setting: a JSON list, or a comma-separated
+// string from the config dir.
+func settingStrings(s api.Settings, key string) []string {
+	switch v := s[key].(type) {
+	case []any:
+		out := make([]string, 0, len(v))
+		for _, e := range v {
+			out = append(out, fmt.Sprint(e))
+		}
+		return out
+	case string:
+		if v == "" || v == "[]" {
+			return nil
+		}
+		return strings.Split(strings.Trim(v, "[]"), ",")
+	}
+	return nil
+}
