@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// dbgRun is one run of l4xds-dbg: what it printed and how it exited.
+type dbgRun struct {
+	stdout, stderr string
+	code           int
+}
+
+// squeezed is the output with the columns' padding squeezed to one blank,
+// for checks that do not depend on the widths of the other rows.
+func (r dbgRun) squeezed() string { return padding.ReplaceAllString(r.stdout, " ") }
+
+var padding = regexp.MustCompile(`  +`)
+
+func runDbg(t *testing.T, dbg string, args ...string) dbgRun {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(dbg, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := dbgRun{stdout: stdout.String(), stderr: stderr.String()}
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		r.code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("l4xds-dbg %s: %v", strings.Join(args, " "), err)
+	}
+	return r
+}
+
+// waitDbg runs l4xds-dbg until ok holds for its run.
+func waitDbg(t *testing.T, what, dbg string, args []string, ok func(dbgRun) bool) dbgRun {
+	t.Helper()
+	var r dbgRun
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if r = runDbg(t, dbg, args...); ok(r) {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("l4xds-dbg %s never showed %s; last run exited %d:\n%s%s", strings.Join(args, " "), what, r.code, r.stdout, r.stderr)
+		}
+	}
+}
+
+// `l4xds-dbg status` is a probe: 0 while the agent is healthy, 1 once it is
+// degraded (here: its control plane gone), with the reason on the screen
+// and on stderr.
+func TestBinariesDbgStatusIsAProbe(t *testing.T) {
+	bin := binDir(t)
+	dir := t.TempDir()
+	certs := filepath.Join(dir, "certs")
+	if out, err := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "certs", "--out", certs).CombinedOutput(); err != nil {
+		t.Fatalf("certs: %v\n%s", err, out)
+	}
+	cfp, err := os.ReadFile("../../examples/cfp.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resources := filepath.Join(dir, "resources.yaml")
+	if err := os.WriteFile(resources, cfp, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// The control plane is the test's own process: the test stops it.
+	addr := freePort(t)
+	var cpOut syncBuffer
+	cp := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "serve",
+		"--resources", resources, "--listen", addr,
+		"--cert", filepath.Join(certs, "server.crt"), "--key", filepath.Join(certs, "server.key"),
+		"--client-ca", filepath.Join(certs, "ca.crt"))
+	cp.Stdout, cp.Stderr = &cpOut, &cpOut
+	if err := cp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cpDone := make(chan struct{})
+	go func() { cp.Wait(); close(cpDone) }()
+	stopCP := func() {
+		cp.Process.Signal(os.Interrupt)
+		select {
+		case <-cpDone:
+		case <-time.After(10 * time.Second):
+			cp.Process.Kill()
+			<-cpDone
+		}
+	}
+	t.Cleanup(func() {
+		stopCP()
+		if t.Failed() {
+			t.Logf("l4xds-control-plane output:\n%s", cpOut.String())
+		}
+	})
+
+	socket := filepath.Join(dir, "agent.sock")
+	start(t, filepath.Join(bin, "l4xds-agent"), "--api-socket", socket, "--datapath", "none",
+		"--enable-xds-control-plane", "--xds-server-address", addr, "--xds-server-name", "localhost",
+		"--xds-client-cert-path", filepath.Join(certs, "client.crt"),
+		"--xds-client-key-path", filepath.Join(certs, "client.key"),
+		"--xds-ca-cert-path", filepath.Join(certs, "ca.crt"))
+	dbg := filepath.Join(bin, "l4xds-dbg")
+	status := []string{"--socket", socket, "status"}
+
+	healthy := waitDbg(t, "a healthy agent with the CFP example", dbg, status, func(r dbgRun) bool {
+		return r.code == 0 && containsAll(r.squeezed(), []string{"Resources: 2 acked", "Frontends: 1 (1 Pending)"})
+	})
+	t.Logf("l4xds-dbg status, healthy:\n%s", healthy.stdout)
+	for _, want := range []string{
+		"Health: OK",
+		"xDS server: " + addr + " (sotw)",
+		"xDS state: connected for ",
+		"Cluster: version ",
+		"Services: 1",
+		"Backends: 2 (2 active)",
+		"Datapath: none: no forwarding, tables only",
+	} {
+		if !strings.Contains(healthy.squeezed(), want) {
+			t.Errorf("healthy status lacks %q", want)
+		}
+	}
+
+	stopCP()
+	degraded := waitDbg(t, "the agent degraded without its control plane", dbg, status, func(r dbgRun) bool {
+		return r.code != 0 && strings.Contains(r.squeezed(), "Health: Degraded")
+	})
+	t.Logf("l4xds-dbg status, control plane stopped (exit %d):\n%s%s", degraded.code, degraded.stdout, degraded.stderr)
+	if degraded.code != 1 {
+		t.Errorf("exit status %d while degraded, want 1", degraded.code)
+	}
+	// The reason names the server, on the screen and on stderr; the
+	// tables keep their last good state.
+	health := strings.SplitN(degraded.stdout, "xDS server:", 2)[0]
+	if !strings.Contains(health, addr) || !strings.Contains(degraded.stderr, "degraded: ") || !strings.Contains(degraded.stderr, addr) {
+		t.Errorf("the degraded status does not name %s as the reason", addr)
+	}
+	if !containsAll(degraded.squeezed(), []string{"Resources: 2 acked", "Backends: 2 (2 active)"}) {
+		t.Errorf("the tables changed with the control plane gone:\n%s", degraded.stdout)
+	}
+
+	// No agent at all: non-zero, and the socket named.
+	gone := runDbg(t, dbg, "--socket", filepath.Join(dir, "none.sock"), "status")
+	if gone.code == 0 || !strings.Contains(gone.stderr, "none.sock") {
+		t.Errorf("status without an agent: exit %d, stderr %q", gone.code, gone.stderr)
+	}
+}
