@@ -18,6 +18,7 @@ import (
 	"github.com/l4xds/l4xds/pkg/health"
 	"github.com/l4xds/l4xds/pkg/l4lb"
 	"github.com/l4xds/l4xds/pkg/loadbalancer"
+	"github.com/l4xds/l4xds/pkg/metrics"
 	"github.com/l4xds/l4xds/pkg/option"
 	"github.com/l4xds/l4xds/pkg/xds"
 )
@@ -28,6 +29,7 @@ func main() {
 		statedb.Cell,
 		health.Cell,
 		api.Cell,
+		metrics.Cell,
 		loadbalancer.Cell,
 		xds.Cell,
 		l4lb.Cell,
