@@ -4,11 +4,13 @@ package xds
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Cell provides the *Client, its tables (read-only) and its script
@@ -35,12 +37,19 @@ type clientParams struct {
 	DB     *statedb.DB
 	Jobs   job.Registry
 	Health cell.Health
+	// Metrics is the agent's registry (metrics.Cell), when it has one.
+	Metrics prometheus.Registerer `optional:"true"`
 }
 
 func newHiveClient(p clientParams) (*Client, error) {
 	c, err := NewClient(p.Config, p.Log, p.DB)
 	if err != nil || c.disabled {
 		return c, err
+	}
+	if p.Metrics != nil {
+		if err := p.Metrics.Register(c.Metrics()); err != nil {
+			return nil, fmt.Errorf("xDS client metrics: %w", err)
+		}
 	}
 	g := p.Jobs.NewGroup(p.Health)
 	g.Add(job.OneShot("xds-client", func(ctx context.Context, health cell.Health) error {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,7 @@ type Client struct {
 	tls       *tlsFiles
 	node      *corev3.Node
 	health    cell.Health
+	metrics   *clientMetrics
 	disabled  bool
 
 	attempts atomic.Uint64
@@ -114,6 +116,7 @@ func NewClient(cfg Config, log *slog.Logger, db *statedb.DB, opts ...Option) (*C
 		db:         db,
 		resources:  resources,
 		status:     status,
+		metrics:    newClientMetrics(cfg.XDSServerAddress, db, resources, status),
 		backoff:    DefaultBackoff,
 		disabled:   !cfg.EnableXDSControlPlane,
 		watches:    map[string]*watchSpec{},
@@ -176,6 +179,7 @@ func (c *Client) Watch(typeURL string, wildcard bool, h Handler) {
 	}
 	c.watches[typeURL] = &watchSpec{wildcard: wildcard, handler: h, gen: 1}
 	c.order = append(c.order, typeURL)
+	c.metrics.watched(typeURL)
 	c.signal()
 }
 
@@ -309,12 +313,15 @@ func (c *Client) sleep(ctx context.Context, d time.Duration) bool {
 }
 
 func (c *Client) disconnected(err error, wait time.Duration) {
+	responded := false
 	for _, ts := range c.types {
+		responded = responded || ts.responded
 		// Does-not-exist timers are paused: a server we cannot reach says
 		// nothing about whether a resource exists.
 		clear(ts.deadlines)
 		ts.responded = false
 	}
+	c.metrics.streamEnded(responded)
 	c.setConn(ConnBackoff, err)
 	c.log.Warn("xDS stream failed; retrying",
 		"error", c.serverError(err),
@@ -372,6 +379,7 @@ func (c *Client) session(ctx context.Context, b *Backoff) error {
 
 	c.startStream()
 	c.setConn(ConnConnected, nil)
+	c.metrics.streamOpened()
 	c.log.Info("Connected to xDS server", "server", c.cfg.XDSServerAddress, "protocol", c.cfg.XDSProtocol)
 
 	respCh := make(chan recvResult)
@@ -484,6 +492,9 @@ func (c *Client) applyWatches() {
 	now := time.Now()
 	for _, ch := range changes {
 		c.setNames(ch.ts, ch.names, now)
+	}
+	if len(changes) > 0 {
+		c.reportHealth()
 	}
 }
 
@@ -695,6 +706,7 @@ func (c *Client) expire(ctx context.Context, now time.Time) {
 		// A removal cannot be refused; the offers' outcome is applied.
 		_, offered := c.deliver(ctx, ts, nil, removed, now)
 		c.writeResources(ts, append(removed, offered...))
+		c.reportHealth()
 	}
 }
 
@@ -708,20 +720,53 @@ func (c *Client) setConn(state ConnState, err error) {
 	c.reportHealth()
 }
 
+// reportHealth is OK only once connected and synced: every watched type
+// that asks for something has had its first response on this stream.
+// Until then the tables may hold a previous server's state, or none.
 func (c *Client) reportHealth() {
 	addr := c.cfg.XDSServerAddress
 	switch {
 	case c.conn.state == ConnConnected:
 		synced := 0
-		for _, ts := range c.types {
-			if ts.responded {
+		var waiting []string
+		for _, url := range c.typeOrder {
+			ts := c.types[url]
+			switch {
+			case ts.responded:
 				synced++
+			case ts.waiting():
+				waiting = append(waiting, ShortTypeName(url))
 			}
+		}
+		if len(waiting) > 0 {
+			c.health.Degraded(fmt.Sprintf("connected to %s, waiting for the first %s response",
+				addr, strings.Join(waiting, " and ")), nil)
+			return
 		}
 		c.health.OK(fmt.Sprintf("connected to %s, %d types synced", addr, synced))
 	case c.conn.err != nil:
 		c.health.Degraded(fmt.Sprintf("disconnected from %s: %s", addr, c.conn.err), c.conn.err)
+	default:
+		c.health.Degraded(fmt.Sprintf("connecting to %s", addr), nil)
 	}
+}
+
+// waiting reports whether a type without a response on this stream is
+// owed one: a wildcard type always is; a type of names is while one of
+// them may exist (the does-not-exist timer has not settled it).
+func (ts *typeState) waiting() bool {
+	if ts.responded {
+		return false
+	}
+	if ts.wildcard {
+		return true
+	}
+	for n := range ts.names {
+		if e := ts.entries[n]; e == nil || e.state != StateDoesNotExist {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Client) statusRow(ts *typeState) *TypeStatus {

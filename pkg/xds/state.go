@@ -120,6 +120,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		offers    = map[string]*Resource{} // rejected by the handler
 		present   = make(map[string]struct{}, len(resp.resources))
 		sweepSafe = true
+		notAsked  int
 	)
 
 	for i, raw := range resp.resources {
@@ -134,6 +135,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		present[name] = struct{}{}
 		if !ts.wildcard {
 			if _, ok := ts.names[name]; !ok {
+				notAsked++
 				continue // not asked for
 			}
 		}
@@ -251,10 +253,16 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		touched = append(touched, name)
 	}
 	c.writeResources(ts, touched)
+	// A78 counts every resource received, changed or not; rejected holds
+	// only resources of this response.
+	c.metrics.updates(ts.url, len(resp.resources)-notAsked-len(rejected), len(rejected))
 
 	if !ts.responded {
 		ts.responded = true
 		c.markSynced(ts.url)
+		// The names the handler just set are owed a response too: health
+		// must not turn OK before they are asked for.
+		c.applyWatches()
 		c.reportHealth()
 	}
 
