@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
 
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
 )
@@ -42,6 +43,8 @@ type params struct {
 	Health    cell.Health
 	ModuleID  cell.FullModuleID
 	Hooks     Hooks `optional:"true"`
+	// Metrics is the agent's registry (metrics.Cell), when it has one.
+	Metrics prometheus.Registerer `optional:"true"`
 }
 
 // register validates the configuration and, for the BPF datapath, appends
@@ -84,6 +87,10 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 			return dp.Close()
 		},
 	})
+	m, err := registerMetrics(p, ops)
+	if err != nil {
+		return nil, fmt.Errorf("datapath metrics: %w", err)
+	}
 	return reconciler.Register(
 		reconciler.Params{
 			Log:      p.Log,
@@ -97,5 +104,6 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 		(*lb.Frontend).GetStatus,
 		ops,
 		nil,
+		reconciler.WithMetrics(m),
 	)
 }
