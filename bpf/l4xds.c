@@ -988,16 +988,30 @@ static __always_inline void reply_key(struct lb_ct_key *rk, const struct pkt *p,
 	rk->proto = p->proto;
 }
 
-/* Whether the reply entry restores p's VIP. The key has no VIP in it: a
- * client that reuses its port for another VIP with the same backend takes
- * the entry over, and the flow of p must take it back, or the backend's
- * answers would leave with the other VIP's address. */
-static __always_inline int reply_is_for(const struct lb_ct_key *rk,
+/* The reply key has no VIP in it: a client that reuses its port for
+ * another VIP with the same backend takes the entry over. Before the
+ * reply entry of p's flow is written, the flow that holds it for another
+ * VIP is marked CT_F_REPLY_LOST, and its next packet takes it back. So the
+ * established path needs no lookup of the reply entry: it is written again
+ * when marked, and with every refresh (at most once a second), which also
+ * restores an entry the LRU evicted. */
+static __always_inline void reply_claim(const struct lb_ct_key *rk,
 					const struct pkt *p)
 {
-	struct lb_ct_entry *r = bpf_map_lookup_elem(&l4xds_ct, rk);
+	struct lb_ct_key fk = { .dir = CT_FORWARD };
+	struct lb_ct_entry *r, *f;
 
-	return r && r->vip_port == p->dport && addr_eq(r->vip, p->daddr);
+	r = bpf_map_lookup_elem(&l4xds_ct, rk);
+	if (!r || (r->vip_port == p->dport && addr_eq(r->vip, p->daddr)))
+		return;
+	__builtin_memcpy(fk.saddr, p->saddr, 16);
+	__builtin_memcpy(fk.daddr, r->vip, 16);
+	fk.sport = p->sport;
+	fk.dport = r->vip_port;
+	fk.proto = p->proto;
+	f = bpf_map_lookup_elem(&l4xds_ct, &fk);
+	if (f)
+		f->flags |= CT_F_REPLY_LOST;
 }
 
 /* A packet for a VIP:port/proto: the service's backend for the flow. */
@@ -1050,13 +1064,13 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 		bport = be->port;
 		/* Refreshing the reply entry with the forward one keeps it
 		 * alive in the LRU (and restores it if it was evicted). */
-		reply_key(&rk, p, baddr, bport);
-		if (closing || now - e->last_seen >= NSEC_PER_SEC ||
-		    !reply_is_for(&rk, p)) {
+		if (closing || (e->flags & CT_F_REPLY_LOST) ||
+		    now - e->last_seen >= NSEC_PER_SEC) {
 			e->last_seen = now;
-			if (closing)
-				e->flags |= CT_F_CLOSING;
+			e->flags = (e->flags | (closing ? CT_F_CLOSING : 0)) &
+				   ~CT_F_REPLY_LOST;
 			ce.flags = e->flags;
+			reply_key(&rk, p, baddr, bport);
 			goto store_reply;
 		}
 		goto rewrite;
@@ -1115,6 +1129,7 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 
 	reply_key(&rk, p, baddr, bport);
 store_reply:
+	reply_claim(&rk, p);
 	ce.last_seen = now;
 	ce.backend_id = backend_id;
 	ce.svc_id = svc_id;

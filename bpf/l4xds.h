@@ -89,6 +89,10 @@ struct lb_ct_key {
 
 enum {
 	CT_F_CLOSING = 1 << 0, /* TCP FIN or RST seen: short lifetime */
+	/* CT_FORWARD: another flow from the same client port took this
+	 * flow's reply entry (see reply_claim): the next packet writes it
+	 * back. */
+	CT_F_REPLY_LOST = 1 << 1,
 };
 
 struct lb_ct_entry {

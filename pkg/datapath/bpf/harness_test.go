@@ -37,10 +37,11 @@ const (
 	svcSourceRanges = 1 << 0
 	svcAffinity     = 1 << 1
 
-	ctForward   = 0
-	ctReply     = 1
-	ctFClosing  = 1 << 0
-	testMaglevN = 7
+	ctForward    = 0
+	ctReply      = 1
+	ctFClosing   = 1 << 0
+	ctFReplyLost = 1 << 1
+	testMaglevN  = 7
 )
 
 // datapath is the program loaded with fresh, unpinned maps.

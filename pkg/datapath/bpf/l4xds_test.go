@@ -432,7 +432,8 @@ func TestDatapath(t *testing.T) {
 		{
 			// The reply key has no VIP: a client port reused for another
 			// VIP with the same backend address takes the reply entry
-			// over, and the first flow's next packet must take it back.
+			// over, and the first flow's next packet must take it back;
+			// then the second flow's takes it back again.
 			name: "a client port reused for two VIPs with one backend address",
 			services: []service{
 				{id: 1, vip: vip4, proto: protoUDP, backends: []backend{be4a}},
@@ -443,6 +444,21 @@ func TestDatapath(t *testing.T) {
 				forward("same port to the second VIP", udp(client4, vip4b, "hello"), be4a.addr),
 				forward("the first flow again", udp4, be4a.addr),
 				reply("the backend answers the first flow", udp(be4a.addr, client4, "pong"), vip4),
+				forward("the second flow again", udp(client4, vip4b, "hello"), be4a.addr),
+				reply("the backend answers the second flow", udp(be4a.addr, client4, "pong"), vip4b),
+			},
+			check: func(t *testing.T, d *datapath) {
+				// The first flow lost the entry last: it is marked, the
+				// second flow, which took it back, is not.
+				for _, c := range []struct {
+					vip  netip.AddrPort
+					lost bool
+				}{{vip4, true}, {vip4b, false}} {
+					e, ok := d.ct(ctKey(client4, c.vip, protoUDP, ctForward))
+					if !ok || (e.Flags&ctFReplyLost != 0) != c.lost {
+						t.Errorf("forward entry to %s = %+v (found %v), want reply-lost %v", c.vip, e, ok, c.lost)
+					}
+				}
 			},
 		},
 	}
