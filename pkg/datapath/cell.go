@@ -103,7 +103,7 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 		(*lb.Frontend).SetStatus,
 		(*lb.Frontend).GetStatus,
 		ops,
-		nil,
+		ops, // a round's new Maglev tables are inserted together
 		reconciler.WithMetrics(m),
 	)
 }

@@ -41,6 +41,13 @@ type desiredBackend struct {
 // lowest priority that has such a backend (locality failover).
 func desire(fe *lb.Frontend) desiredService {
 	var d desiredService
+	d.set(fe)
+	return d
+}
+
+// set makes d what the maps should hold for fe, reusing d's buffers.
+func (d *desiredService) set(fe *lb.Frontend) {
+	*d = desiredService{backends: d.backends[:0], ranges: d.ranges[:0]}
 	is4 := fe.Address.Addr.Is4()
 	best := uint32(math.MaxUint32)
 	for _, be := range fe.Backends {
@@ -80,7 +87,6 @@ func desire(fe *lb.Frontend) desiredService {
 			d.affinityTimeout = affinitySeconds(svc.SessionAffinityTimeout)
 		}
 	}
-	return d
 }
 
 // normalPrefix is p masked, IPv4-mapped IPv6 as IPv4: the form the LPM key
@@ -100,16 +106,4 @@ func (b *desiredBackend) takesNewFlows() bool {
 func affinitySeconds(d time.Duration) uint32 {
 	s := math.Ceil(d.Seconds())
 	return uint32(min(max(s, 1), math.MaxUint32))
-}
-
-// maglevBackends are the inputs of the Maglev table: the usable backends,
-// keyed by address so that every node builds the same table.
-func (d *desiredService) maglevBackends(ids func(netip.AddrPort) uint32) []MaglevBackend {
-	out := make([]MaglevBackend, 0, d.usable)
-	for _, be := range d.backends {
-		if be.usable {
-			out = append(out, MaglevBackend{ID: ids(be.addr), Key: be.addr.String(), Weight: be.weight})
-		}
-	}
-	return out
 }

@@ -129,17 +129,18 @@ func TestDesireFlagsRangesAndAffinity(t *testing.T) {
 	}
 }
 
-func TestMaglevBackendsAreTheUsableOnesKeyedByAddress(t *testing.T) {
+func TestTheUsableBackendsAreTheActiveOnesOfNonZeroWeight(t *testing.T) {
 	f := &lb.Frontend{FrontendParams: lb.FrontendParams{Address: fe("10.0.0.1:80/TCP")}}
-	f.Backends = []*lb.Backend{be("192.168.1.10:80,w=70"), be("192.168.1.11:80/terminating"), be("192.168.1.12:80,w=30")}
+	f.Backends = []*lb.Backend{be("192.168.1.10:80,w=70"), be("192.168.1.11:80/terminating"), be("192.168.1.12:80,w=30"), be("192.168.1.13:80,w=0")}
 	d := desire(f)
-	ids := map[netip.AddrPort]uint32{}
-	got := d.maglevBackends(func(a netip.AddrPort) uint32 {
-		ids[a] = uint32(len(ids) + 1)
-		return ids[a]
-	})
-	if want := "[{1 192.168.1.10:80 70} {2 192.168.1.12:80 30}]"; fmt.Sprint(got) != want {
-		t.Errorf("maglev backends %v, want %s", got, want)
+	var usable []string
+	for _, b := range d.backends {
+		if b.usable {
+			usable = append(usable, fmt.Sprintf("%s w=%d", b.addr, b.weight))
+		}
+	}
+	if want := "[192.168.1.10:80 w=70 192.168.1.12:80 w=30]"; fmt.Sprint(usable) != want || d.usable != 2 {
+		t.Errorf("usable backends %v (%d), want %s", usable, d.usable, want)
 	}
 }
 

@@ -22,14 +22,17 @@ type Hooks struct {
 }
 
 // FakeMaps stand in for the BPF maps where there are none: the reconciler
-// writes into them what it would write into the maps. A Maglev table is
-// kept as its size, not its slots, so that the fake adds little to the heap
-// of a benchmark (in the real maps the tables are kernel memory).
+// writes into them what it would write into the maps. Of a Maglev table
+// only its existence is kept, not its slots, so that the fake adds little
+// to the heap of a benchmark (in the real maps the tables are kernel
+// memory).
 type FakeMaps struct {
 	mu       sync.Mutex
 	services map[bpf.L4xdsLbSvcKey]bpf.L4xdsLbSvc
 	backends map[uint32]bpf.L4xdsLbBackend
-	maglev   map[uint32]int
+	maglev   map[uint32]struct{}
+	// newTables are made, not yet inserted.
+	newTables []uint32
 	ranges   map[bpf.L4xdsLbSrcRangeKey]struct{}
 	vips     map[netip.Addr]uint32
 }
@@ -40,7 +43,7 @@ func NewFakeMaps() *FakeMaps {
 	return &FakeMaps{
 		services: map[bpf.L4xdsLbSvcKey]bpf.L4xdsLbSvc{},
 		backends: map[uint32]bpf.L4xdsLbBackend{},
-		maglev:   map[uint32]int{},
+		maglev:   map[uint32]struct{}{},
 		ranges:   map[bpf.L4xdsLbSrcRangeKey]struct{}{},
 		vips:     map[netip.Addr]uint32{},
 	}
@@ -97,17 +100,36 @@ func (f *FakeMaps) deleteBackend(id uint32) error {
 	return nil
 }
 
-func (f *FakeMaps) putMaglev(svcID uint32, table []uint32) error {
+func (f *FakeMaps) newMaglev(svcID uint32, table []uint32) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.maglev[svcID] = len(table)
+	f.newTables = append(f.newTables, svcID)
 	return nil
 }
 
-func (f *FakeMaps) deleteMaglev(svcID uint32) error {
+func (f *FakeMaps) insertMaglevs() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.maglev, svcID)
+	for _, id := range f.newTables {
+		f.maglev[id] = struct{}{}
+	}
+	f.newTables = f.newTables[:0]
+	return nil
+}
+
+func (f *FakeMaps) rewriteMaglev(svcID uint32, _ []uint32) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.maglev[svcID]
+	return ok, nil
+}
+
+func (f *FakeMaps) deleteMaglevs(svcIDs []uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range svcIDs {
+		delete(f.maglev, id)
+	}
 	return nil
 }
 

@@ -72,20 +72,36 @@ type service struct {
 	// value is the l4xds_services entry, valid when written.
 	value   bpf.L4xdsLbSvc
 	written bool
+	// table says whether l4xds_maglev has a table for the service;
+	// tableCount is the number of backends in it (those of non-zero
+	// backend.weight).
+	table      tableState
+	tableCount uint32
 	// backends are the service's l4xds_backends entries by address.
-	backends map[netip.AddrPort]*backend
+	backends map[netip.AddrPort]backend
 	// ranges are its l4xds_srcrange entries.
 	ranges map[netip.Prefix]struct{}
-	// maglev is what its l4xds_maglev table was built from; maglevKnown is
-	// false after a restore (the table is rebuilt on the first update).
-	maglev      []MaglevBackend
-	maglevKnown bool
 }
 
+type tableState uint8
+
+const (
+	// tableUnknown: restored, or a write failed; the next update writes
+	// the table, in place if there is one.
+	tableUnknown tableState = iota
+	tableNone
+	tableWritten
+)
+
+// backend is an l4xds_backends entry; the rest of its value follows from
+// its service and address.
 type backend struct {
-	id uint32
-	// value is the entry as written; zero until it is.
-	value bpf.L4xdsLbBackend
+	id      uint32
+	state   lb.BackendState
+	written bool
+	// weight is its weight in the Maglev table as written, 0 if it is not
+	// in it.
+	weight uint16
 }
 
 // registry holds the IDs and the agent's view of the maps. Only the
@@ -123,7 +139,9 @@ func (r *registry) service(fe lb.L3n4Addr) (svc *service, isNew bool, err error)
 	if err != nil {
 		return nil, false, fmt.Errorf("allocate a service ID: %w", err)
 	}
-	return r.add(id, fe, key), true, nil
+	svc = r.add(id, fe, key)
+	svc.table = tableNone
+	return svc, true, nil
 }
 
 func (r *registry) add(id uint32, fe lb.L3n4Addr, key bpf.L4xdsLbSvcKey) *service {
@@ -131,7 +149,7 @@ func (r *registry) add(id uint32, fe lb.L3n4Addr, key bpf.L4xdsLbSvcKey) *servic
 		id:       id,
 		frontend: fe,
 		key:      key,
-		backends: map[netip.AddrPort]*backend{},
+		backends: map[netip.AddrPort]backend{},
 		ranges:   map[netip.Prefix]struct{}{},
 	}
 	r.services[fe] = svc
@@ -154,16 +172,16 @@ func (r *registry) remove(svc *service) {
 }
 
 // backend returns the service's backend at addr, allocating an ID for a
-// new one.
-func (r *registry) backend(svc *service, addr netip.AddrPort) (*backend, error) {
+// new one. Changes to it are kept with setBackend.
+func (r *registry) backend(svc *service, addr netip.AddrPort) (backend, error) {
 	if be, ok := svc.backends[addr]; ok {
 		return be, nil
 	}
 	id, err := r.backendIDs.acquire()
 	if err != nil {
-		return nil, fmt.Errorf("backend %s: allocate a backend ID: %w", addr, err)
+		return backend{}, fmt.Errorf("backend %s: allocate a backend ID: %w", addr, err)
 	}
-	be := &backend{id: id}
+	be := backend{id: id}
 	svc.backends[addr] = be
 	return be, nil
 }
@@ -207,7 +225,7 @@ func (r *registry) restoreBackend(id uint32, v bpf.L4xdsLbBackend) error {
 	if err := r.backendIDs.reserve(id); err != nil {
 		return fmt.Errorf("backend %s: %w", addr, err)
 	}
-	svc.backends[addr] = &backend{id: id, value: v}
+	svc.backends[addr] = backend{id: id, state: lb.BackendState(v.State), written: true}
 	return nil
 }
 

@@ -151,7 +151,10 @@ func TestPrivilegedIncompatibleMaglevSizeRecreatesTheMap(t *testing.T) {
 	needRoot(t)
 	root := bpffs(t)
 	dp := load(t, testConfig(root))
-	if err := dp.Maps.putMaglev(7, BuildMaglev(backendsWithWeights(1, 1), 1021)); err != nil {
+	if err := dp.Maps.newMaglev(7, BuildMaglev(backendsWithWeights(1, 1), 1021)); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Maps.insertMaglevs(); err != nil {
 		t.Fatal(err)
 	}
 	kept := backendToBPF(7, netip.MustParseAddrPort("192.168.1.10:80"), lb.BackendStateActive)
@@ -180,7 +183,10 @@ func TestPrivilegedIncompatibleMaglevSizeRecreatesTheMap(t *testing.T) {
 	if _, ok, err := dp.Maps.MaglevTable(7); ok || err != nil {
 		t.Errorf("the old table survived the size change (%v)", err)
 	}
-	if err := dp.Maps.putMaglev(7, BuildMaglev(backendsWithWeights(1, 1), 2039)); err != nil {
+	if err := dp.Maps.newMaglev(7, BuildMaglev(backendsWithWeights(1, 1), 2039)); err != nil {
+		t.Fatalf("a table of the new size: %v", err)
+	}
+	if err := dp.Maps.insertMaglevs(); err != nil {
 		t.Fatalf("a table of the new size: %v", err)
 	}
 	if table, _, err := dp.Maps.MaglevTable(7); err != nil || len(table) != 2039 {

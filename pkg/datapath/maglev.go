@@ -3,8 +3,10 @@
 package datapath
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
+	"net/netip"
 	"slices"
 )
 
@@ -39,9 +41,11 @@ func BuildMaglev(backends []MaglevBackend, m uint32) []uint32 {
 	if len(backends) == 0 {
 		return nil
 	}
-	table := make([]uint32, m)
-	buildMaglevInto(table, backends)
-	return table
+	var b maglevBuilder
+	for _, be := range backends {
+		b.add(be.ID, []byte(be.Key), be.Weight)
+	}
+	return slices.Clone(b.build(m))
 }
 
 // Seeds of the two hashes that place a backend. Changing them reshuffles
@@ -50,6 +54,29 @@ const (
 	maglevOffsetSeed = "l4xds-maglev-offset"
 	maglevSkipSeed   = "l4xds-maglev-skip"
 )
+
+// The FNV-1a states after each seed, where every key's hash starts.
+var (
+	maglevOffsetBasis = fnv1a(fnv1aOffset, []byte(maglevOffsetSeed))
+	maglevSkipBasis   = fnv1a(fnv1aOffset, []byte(maglevSkipSeed))
+)
+
+// maglevBuilder builds tables in buffers it keeps from one build to the
+// next: the reconciler builds one per changed service, and a build should
+// cost the walk, not allocations.
+type maglevBuilder struct {
+	keys   []byte // the keys, one after the other
+	inputs []maglevInput
+	states []maglevState
+	filled []bool
+	table  []uint32
+}
+
+type maglevInput struct {
+	id       uint32
+	weight   uint16
+	from, to int // the key, in keys
+}
 
 // maglevState is one backend's walk through its permutation.
 type maglevState struct {
@@ -60,59 +87,103 @@ type maglevState struct {
 	skip   uint64
 }
 
-func buildMaglevInto(table []uint32, backends []MaglevBackend) {
-	m := uint64(len(table))
-	order := slices.Clone(backends)
-	slices.SortFunc(order, func(a, b MaglevBackend) int {
-		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.ID, b.ID))
+// add adds a backend to the next table; key is copied.
+func (b *maglevBuilder) add(id uint32, key []byte, weight uint16) {
+	from := len(b.keys)
+	b.keys = append(b.keys, key...)
+	b.inputs = append(b.inputs, maglevInput{id: id, weight: weight, from: from, to: len(b.keys)})
+}
+
+// addAddr adds a backend whose key is its address, as AddrPort.String
+// writes it, without allocating it.
+func (b *maglevBuilder) addAddr(id uint32, addr netip.AddrPort, weight uint16) {
+	from := len(b.keys)
+	b.keys = addr.AppendTo(b.keys)
+	b.inputs = append(b.inputs, maglevInput{id: id, weight: weight, from: from, to: len(b.keys)})
+}
+
+// reset forgets the backends added since the last build.
+func (b *maglevBuilder) reset() { b.keys, b.inputs = b.keys[:0], b.inputs[:0] }
+
+// build returns the table of m slots of the backends added since the last
+// build, in a buffer that the next build reuses; nil without backends. m
+// must be a prime.
+func (b *maglevBuilder) build(m uint32) []uint32 {
+	defer b.reset()
+	if len(b.inputs) == 0 {
+		return nil
+	}
+	b.table = slices.Grow(b.table[:0], int(m))[:m]
+	table := b.table
+	if len(b.inputs) == 1 {
+		// The walk would give every slot to the one backend.
+		id := b.inputs[0].id
+		for i := range table {
+			table[i] = id
+		}
+		return table
+	}
+
+	key := func(in maglevInput) []byte { return b.keys[in.from:in.to] }
+	slices.SortFunc(b.inputs, func(x, y maglevInput) int {
+		return cmp.Or(bytes.Compare(key(x), key(y)), cmp.Compare(x.id, y.id))
 	})
-	states := make([]maglevState, len(order))
+	mm := uint64(m)
+	b.states = slices.Grow(b.states[:0], len(b.inputs))[:len(b.inputs)]
 	var maxWeight uint64
-	for i, be := range order {
-		w := max(uint64(be.Weight), 1)
+	for i, in := range b.inputs {
+		w := max(uint64(in.weight), 1)
 		maxWeight = max(maxWeight, w)
-		states[i] = maglevState{
-			id:     be.ID,
+		b.states[i] = maglevState{
+			id:     in.id,
 			weight: w,
-			pos:    fnv1a(maglevOffsetSeed, be.Key) % m,
-			skip:   fnv1a(maglevSkipSeed, be.Key)%(m-1) + 1,
+			pos:    fnv1a(maglevOffsetBasis, key(in)) % mm,
+			skip:   fnv1a(maglevSkipBasis, key(in))%(mm-1) + 1,
 		}
 	}
 
-	filled := make([]bool, m)
-	for n := uint64(0); n < m; {
-		for i := range states {
-			s := &states[i]
+	b.filled = slices.Grow(b.filled[:0], int(m))[:m]
+	filled := b.filled
+	clear(filled)
+	// pos and skip are below m, so a step wraps with a subtraction rather
+	// than a division.
+	next := func(s *maglevState) {
+		if s.pos += s.skip; s.pos >= mm {
+			s.pos -= mm
+		}
+	}
+	for n := uint64(0); n < mm; {
+		for i := range b.states {
+			s := &b.states[i]
 			s.credit += s.weight
 			if s.credit < maxWeight {
 				continue
 			}
 			s.credit -= maxWeight
 			for filled[s.pos] {
-				s.pos = (s.pos + s.skip) % m
+				next(s)
 			}
 			table[s.pos] = s.id
 			filled[s.pos] = true
-			s.pos = (s.pos + s.skip) % m
-			if n++; n == m {
+			next(s)
+			if n++; n == mm {
 				break
 			}
 		}
 	}
+	return table
 }
 
-// fnv1a is the 64-bit FNV-1a hash of seed followed by key.
-func fnv1a(seed, key string) uint64 {
-	const (
-		offset64 = 14695981039346656037
-		prime64  = 1099511628211
-	)
-	h := uint64(offset64)
-	for i := 0; i < len(seed); i++ {
-		h = (h ^ uint64(seed[i])) * prime64
-	}
-	for i := 0; i < len(key); i++ {
-		h = (h ^ uint64(key[i])) * prime64
+const (
+	fnv1aOffset = 14695981039346656037
+	fnv1aPrime  = 1099511628211
+)
+
+// fnv1a continues the 64-bit FNV-1a hash h with data: the hash of a seed
+// followed by a key is fnv1a(fnv1a(fnv1aOffset, seed), key).
+func fnv1a(h uint64, data []byte) uint64 {
+	for _, c := range data {
+		h = (h ^ uint64(c)) * fnv1aPrime
 	}
 	return h
 }

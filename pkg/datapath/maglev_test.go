@@ -5,6 +5,7 @@ package datapath
 import (
 	"fmt"
 	"math"
+	"net/netip"
 	"slices"
 	"testing"
 )
@@ -153,5 +154,28 @@ func BenchmarkMaglev(b *testing.B) {
 				BuildMaglev(bes, c.m)
 			}
 		})
+	}
+}
+
+// The reconciler builds tables with a reused builder keyed by the
+// backends' addresses: they are BuildMaglev's tables keyed by the
+// addresses as strings, build after build.
+func TestMaglevBuilderKeysAnAddressAsItsString(t *testing.T) {
+	var b maglevBuilder
+	for n := range 12 {
+		var bes []MaglevBackend
+		for i := range n {
+			addr := netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 168, byte(n), byte(i)}), uint16(8000+i))
+			if i%3 == 0 {
+				addr = netip.MustParseAddrPort(fmt.Sprintf("[2001:db8::%x]:80", i))
+			}
+			w := uint16(1 + i%4)
+			bes = append(bes, MaglevBackend{ID: uint32(100 + i), Key: addr.String(), Weight: w})
+			b.addAddr(uint32(100+i), addr, w)
+		}
+		got := b.build(1021)
+		if want := BuildMaglev(bes, 1021); n > 0 && !slices.Equal(got, want) {
+			t.Errorf("%d backends: the builder's table differs from BuildMaglev's", n)
+		}
 	}
 }

@@ -34,6 +34,19 @@ type Maps struct {
 	// maglevInner makes the per-service tables (nil when opened read-only).
 	maglevInner *ebpf.MapSpec
 	possibleCPU int
+
+	// Buffers of the writes: the tables made by newMaglev and not yet
+	// inserted, the keys 0..size-1 of a table, zeroed counters.
+	newTables  []newTable
+	batchKeys  []uint32
+	batchFDs   []uint32
+	slotKeys   []uint32
+	zeroCounts []bpf.L4xdsLbStats
+}
+
+type newTable struct {
+	svcID uint32
+	inner *ebpf.Map
 }
 
 func newMaps(objs *bpf.L4xdsMaps, maglevInner *ebpf.MapSpec) (*Maps, error) {
@@ -304,8 +317,10 @@ type mapWriter interface {
 	deleteService(key bpf.L4xdsLbSvcKey, id uint32) error
 	putBackend(id uint32, v bpf.L4xdsLbBackend) error
 	deleteBackend(id uint32) error
-	putMaglev(svcID uint32, table []uint32) error
-	deleteMaglev(svcID uint32) error
+	newMaglev(svcID uint32, table []uint32) error
+	insertMaglevs() error
+	rewriteMaglev(svcID uint32, table []uint32) (found bool, err error)
+	deleteMaglevs(svcIDs []uint32) error
 	putSourceRange(svcID uint32, p netip.Prefix) error
 	deleteSourceRange(svcID uint32, p netip.Prefix) error
 	setVIP(vip netip.Addr, n uint32) error
@@ -342,46 +357,122 @@ func (m *Maps) deleteBackend(id uint32) error {
 	return nil
 }
 
-// putMaglev writes table into a new inner map and swaps it in: a packet
-// sees either the whole old table or the whole new one.
-func (m *Maps) putMaglev(svcID uint32, table []uint32) error {
+// The Maglev tables. Every write to a map of maps from user space waits
+// for an RCU grace period (milliseconds), a batch of them once: a new
+// service's table is made and filled by newMaglev, and inserted with the
+// others of the reconciler's round by insertMaglevs. A table that exists is
+// rewritten in place instead of swapped: the reconciler writes a service's
+// new backends before its table and deletes the old ones after, so that
+// every slot names a live backend of the service throughout, and a packet
+// that sees some old slots and some new ones is served either way.
+
+// newMaglev makes a table for svcID holding table, to be inserted by
+// insertMaglevs.
+func (m *Maps) newMaglev(svcID uint32, table []uint32) error {
 	inner, err := ebpf.NewMap(m.maglevInner)
 	if err != nil {
 		return fmt.Errorf("write %s: service %d: create table: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
 	}
-	defer inner.Close()
-	if err := fillArray(inner, table); err != nil {
+	if err := m.fillArray(inner, table); err != nil {
+		inner.Close()
 		return fmt.Errorf("write %s: service %d: fill table: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
 	}
-	if err := m.maglev.Put(svcID, inner); err != nil {
-		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+	m.newTables = append(m.newTables, newTable{svcID, inner})
+	return nil
+}
+
+// insertMaglevs inserts the tables made since the last call, replacing
+// those the services had.
+func (m *Maps) insertMaglevs() error {
+	if len(m.newTables) == 0 {
+		return nil
+	}
+	defer func() {
+		for _, t := range m.newTables {
+			t.inner.Close()
+		}
+		clear(m.newTables)
+		m.newTables = m.newTables[:0]
+	}()
+	keys, fds := m.batchKeys[:0], m.batchFDs[:0]
+	for _, t := range m.newTables {
+		keys, fds = append(keys, t.svcID), append(fds, uint32(t.inner.FD()))
+	}
+	m.batchKeys, m.batchFDs = keys, fds
+	_, err := m.maglev.BatchUpdate(keys, fds, nil)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		for _, t := range m.newTables {
+			if err = m.maglev.Put(t.svcID, t.inner); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %d tables from service %d: %w", bpf.L4xdsMapL4xdsMaglev, len(keys), keys[0], err)
 	}
 	return nil
 }
 
+// rewriteMaglev writes table over the slots of svcID's table. found is
+// false when the service has none (or one of another size, from before a
+// change of --lb-maglev-table-size): newMaglev replaces it.
+func (m *Maps) rewriteMaglev(svcID uint32, table []uint32) (found bool, err error) {
+	var inner *ebpf.Map
+	if err := m.maglev.Lookup(svcID, &inner); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("write %s: service %d: open table: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+	}
+	defer inner.Close()
+	if int(inner.MaxEntries()) != len(table) {
+		return false, nil
+	}
+	if err := m.fillArray(inner, table); err != nil {
+		return false, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+	}
+	return true, nil
+}
+
 // fillArray writes values into the array map's slots 0..len-1, in one
 // batch where the kernel supports it.
-func fillArray(m *ebpf.Map, values []uint32) error {
-	keys := make([]uint32, len(values))
-	for i := range keys {
-		keys[i] = uint32(i)
+func (m *Maps) fillArray(inner *ebpf.Map, values []uint32) error {
+	for i := len(m.slotKeys); i < len(values); i++ {
+		m.slotKeys = append(m.slotKeys, uint32(i))
 	}
-	if _, err := m.BatchUpdate(keys, values, nil); err == nil {
+	if _, err := inner.BatchUpdate(m.slotKeys[:len(values)], values, nil); err == nil {
 		return nil
 	} else if !errors.Is(err, ebpf.ErrNotSupported) {
 		return err
 	}
 	for i, v := range values {
-		if err := m.Put(uint32(i), v); err != nil {
+		if err := inner.Put(uint32(i), v); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (m *Maps) deleteMaglev(svcID uint32) error {
-	if err := m.maglev.Delete(svcID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete from %s: service %d: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+// deleteMaglevs deletes the tables of the services, those that exist.
+func (m *Maps) deleteMaglevs(svcIDs []uint32) error {
+	// A batch stops at a key that does not exist: skip it, go on.
+	for len(svcIDs) > 0 {
+		n, err := m.maglev.BatchDelete(svcIDs, nil)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			svcIDs = svcIDs[min(n+1, len(svcIDs)):]
+		case errors.Is(err, ebpf.ErrNotSupported):
+			for _, id := range svcIDs {
+				if err := m.maglev.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return fmt.Errorf("delete from %s: service %d: %w", bpf.L4xdsMapL4xdsMaglev, id, err)
+				}
+			}
+			return nil
+		default:
+			return fmt.Errorf("delete from %s: service %d: %w", bpf.L4xdsMapL4xdsMaglev, svcIDs[min(n, len(svcIDs)-1)], err)
+		}
 	}
 	return nil
 }
@@ -417,7 +508,10 @@ func (m *Maps) setVIP(vip netip.Addr, n uint32) error {
 
 // zeroStats clears the counters of a service ID before it is reused.
 func (m *Maps) zeroStats(svcID uint32) error {
-	if err := m.stats.Put(svcID, make([]bpf.L4xdsLbStats, m.possibleCPU)); err != nil {
+	if len(m.zeroCounts) != m.possibleCPU {
+		m.zeroCounts = make([]bpf.L4xdsLbStats, m.possibleCPU)
+	}
+	if err := m.stats.Put(svcID, m.zeroCounts); err != nil {
 		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, svcID, err)
 	}
 	return nil

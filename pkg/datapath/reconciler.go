@@ -35,13 +35,22 @@ type ops struct {
 	// written, if set, is told of every frontend written (Hooks.Written).
 	written func(lb.L3n4Addr)
 
+	// Buffers reused from one frontend, or round, to the next.
+	desired desiredService
+	maglev  maglevBuilder
+	steps   []step
+	listed  map[netip.AddrPort]struct{}
+
 	waitLogged bool
 }
 
-var _ reconciler.Operations[*lb.Frontend] = (*ops)(nil)
+var (
+	_ reconciler.Operations[*lb.Frontend]      = (*ops)(nil)
+	_ reconciler.BatchOperations[*lb.Frontend] = (*ops)(nil)
+)
 
 func newOps(log *slog.Logger, db *statedb.DB, frontends statedb.Table[*lb.Frontend], maglevSize uint32) *ops {
-	return &ops{log: log, db: db, frontends: frontends, maglevSize: maglevSize}
+	return &ops{log: log, db: db, frontends: frontends, maglevSize: maglevSize, listed: map[netip.AddrPort]struct{}{}}
 }
 
 // restore reads the IDs and entries of the pinned maps, so that the
@@ -122,22 +131,83 @@ func (o *ops) ready(ctx context.Context, txn statedb.ReadTxn, fe *lb.Frontend, r
 }
 
 func (o *ops) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, fe *lb.Frontend) error {
-	if ok, err := o.ready(ctx, txn, fe, rev, false); !ok || err != nil {
-		return err
-	}
-	// A periodic refresh rewrites everything, in case the maps were
-	// changed behind the agent's back.
-	if err := o.update(fe, fe.Status.Kind == reconciler.StatusKindRefreshing); err != nil {
-		return fmt.Errorf("frontend %s: %w", fe.Address, err)
-	}
-	if o.written != nil {
-		o.written(fe.Address)
-	}
-	return nil
+	batch := []reconciler.BatchEntry[*lb.Frontend]{{Object: fe, Revision: rev}}
+	o.UpdateBatch(ctx, txn, batch)
+	return batch[0].Result
 }
 
-func (o *ops) update(fe *lb.Frontend, force bool) error {
-	d := desire(fe)
+// UpdateBatch writes a round of frontends in two halves around one insert
+// of the new Maglev tables (see insertMaglevs): first each frontend's
+// backends and table, then, once every table is in, each one's service
+// entry and the removals.
+func (o *ops) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*lb.Frontend]) {
+	steps := o.steps[:0]
+	for i := range batch {
+		e := &batch[i]
+		ok, err := o.ready(ctx, txn, e.Object, e.Revision, false)
+		if !ok || err != nil {
+			e.Result = err
+			continue
+		}
+		// A periodic refresh rewrites everything, in case the maps were
+		// changed behind the agent's back.
+		st := step{entry: e, force: e.Object.Status.Kind == reconciler.StatusKindRefreshing}
+		if err := o.prepare(&st); err != nil {
+			e.Result = fmt.Errorf("frontend %s: %w", e.Object.Address, err)
+			continue
+		}
+		steps = append(steps, st)
+	}
+	o.steps = steps
+
+	err := o.maps.insertMaglevs()
+	for i := range steps {
+		st := &steps[i]
+		if st.newTable {
+			if err != nil {
+				st.svc.table = tableUnknown
+				st.entry.Result = fmt.Errorf("frontend %s: %w", st.entry.Object.Address, err)
+				continue
+			}
+			st.svc.table = tableWritten
+		}
+		if err := o.finish(st); err != nil {
+			st.entry.Result = fmt.Errorf("frontend %s: %w", st.entry.Object.Address, err)
+			continue
+		}
+		if o.written != nil {
+			o.written(st.entry.Object.Address)
+		}
+	}
+	clear(o.steps)
+}
+
+// step is one frontend's update between its two halves.
+type step struct {
+	entry *reconciler.BatchEntry[*lb.Frontend]
+	force bool
+	svc   *service
+	isNew bool
+	// newTable: its Maglev table waits for insertMaglevs.
+	newTable bool
+	// What finish writes: the service entry's fields, the source ranges
+	// and the number of backends of the VIP's family.
+	usable          int
+	flags           uint32
+	affinityTimeout uint32
+	ranges          []netip.Prefix
+	// removed are the backends no longer listed.
+	removed []netip.AddrPort
+}
+
+// prepare writes the frontend's backends, new ones first (a Maglev table
+// names only written backends), then its Maglev table if its inputs
+// changed: in place, or made for insertMaglevs.
+func (o *ops) prepare(st *step) (err error) {
+	fe, force := st.entry.Object, st.force
+	d := &o.desired
+	d.set(fe)
+	o.maglev.reset()
 	svc, isNew, err := o.reg.service(fe.Address)
 	if err != nil {
 		return err
@@ -149,32 +219,84 @@ func (o *ops) update(fe *lb.Frontend, force bool) error {
 			return err
 		}
 	}
+	st.svc, st.isNew = svc, isNew
+	defer func() {
+		// The backends' weights may be ahead of the table: rewrite it.
+		if err != nil {
+			svc.table = tableUnknown
+		}
+	}()
+	st.usable, st.flags, st.affinityTimeout = d.usable, d.flags, d.affinityTimeout
+	if len(d.ranges) > 0 || len(svc.ranges) > 0 {
+		st.ranges = slices.Clone(d.ranges)
+	}
 
-	// The backends first: a Maglev table names only written backends.
+	// The table changes if a backend joins it, leaves it or changes
+	// weight: a backend left out of the loop below leaves it if the
+	// count of those in it differs.
+	changed := force || svc.table != tableWritten || svc.tableCount != uint32(d.usable)
 	for _, want := range d.backends {
 		be, err := o.reg.backend(svc, want.addr)
 		if err != nil {
 			return err
 		}
-		v := backendToBPF(svc.id, want.addr, want.state)
-		if force || be.value != v {
-			if err := o.maps.putBackend(be.id, v); err != nil {
+		if force || !be.written || be.state != want.state {
+			if err := o.maps.putBackend(be.id, backendToBPF(svc.id, want.addr, want.state)); err != nil {
 				return err
 			}
-			be.value = v
+			be.state, be.written = want.state, true
+		}
+		var weight uint16
+		if want.usable {
+			weight = max(want.weight, 1)
+			o.maglev.addAddr(be.id, want.addr, want.weight)
+		}
+		if be.weight != weight {
+			be.weight, changed = weight, true
+		}
+		svc.backends[want.addr] = be
+	}
+	// Every listed backend is in svc.backends now: any more are no longer
+	// listed.
+	if len(svc.backends) > len(d.backends) {
+		clear(o.listed)
+		for _, want := range d.backends {
+			o.listed[want.addr] = struct{}{}
+		}
+		for addr := range svc.backends {
+			if _, ok := o.listed[addr]; !ok {
+				st.removed = append(st.removed, addr)
+			}
 		}
 	}
-
-	table := d.maglevBackends(func(a netip.AddrPort) uint32 { return svc.backends[a].id })
-	if len(table) > 0 && (force || !svc.maglevKnown || !slices.Equal(table, svc.maglev)) {
-		if err := o.maps.putMaglev(svc.id, BuildMaglev(table, o.maglevSize)); err != nil {
+	if d.usable == 0 || !changed {
+		o.maglev.reset()
+		return nil
+	}
+	table := o.maglev.build(o.maglevSize)
+	svc.tableCount = uint32(d.usable)
+	if svc.table != tableNone {
+		found, err := o.maps.rewriteMaglev(svc.id, table)
+		if err != nil {
 			return err
 		}
-		svc.maglev, svc.maglevKnown = table, true
+		if found {
+			svc.table = tableWritten
+			return nil
+		}
 	}
+	if err := o.maps.newMaglev(svc.id, table); err != nil {
+		return err
+	}
+	st.newTable = true
+	return nil
+}
 
-	// New source ranges before the entry that enables them.
-	for _, p := range d.ranges {
+// finish writes the rest once the table is in: the source ranges, the
+// service entry that enables them, then what is no longer listed.
+func (o *ops) finish(st *step) error {
+	svc, force := st.svc, st.force
+	for _, p := range st.ranges {
 		if _, ok := svc.ranges[p]; force || !ok {
 			if err := o.maps.putSourceRange(svc.id, p); err != nil {
 				return err
@@ -183,7 +305,7 @@ func (o *ops) update(fe *lb.Frontend, force bool) error {
 		}
 	}
 
-	v := bpf.L4xdsLbSvc{Id: svc.id, Flags: d.flags, Count: uint32(d.usable), AffinityTimeout: d.affinityTimeout}
+	v := bpf.L4xdsLbSvc{Id: svc.id, Flags: st.flags, Count: uint32(st.usable), AffinityTimeout: st.affinityTimeout}
 	if force || !svc.written || svc.value != v {
 		if err := o.maps.putService(svc.key, v); err != nil {
 			return err
@@ -192,15 +314,15 @@ func (o *ops) update(fe *lb.Frontend, force bool) error {
 	}
 
 	// With count 0 written, the table is no longer read.
-	if len(table) == 0 && (force || !svc.maglevKnown || svc.maglev != nil) {
-		if err := o.maps.deleteMaglev(svc.id); err != nil {
+	if st.usable == 0 && (force || svc.table != tableNone) {
+		if err := o.maps.deleteMaglevs([]uint32{svc.id}); err != nil {
 			return err
 		}
-		svc.maglev, svc.maglevKnown = nil, true
+		svc.table, svc.tableCount = tableNone, 0
 	}
 
 	for p := range svc.ranges {
-		if !slices.Contains(d.ranges, p) {
+		if !slices.Contains(st.ranges, p) {
 			if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
 				return err
 			}
@@ -208,13 +330,16 @@ func (o *ops) update(fe *lb.Frontend, force bool) error {
 		}
 	}
 
-	if err := o.maps.setVIP(fe.Address.Addr, o.reg.vips[fe.Address.Addr]); err != nil {
-		return err
+	// The VIP's count changes only with a new service (or a delete).
+	if st.isNew || force {
+		if err := o.maps.setVIP(svc.frontend.Addr, o.reg.vips[svc.frontend.Addr]); err != nil {
+			return err
+		}
 	}
 
 	// The backends no longer listed, now that no table names them.
-	for addr, be := range svc.backends {
-		if !slices.ContainsFunc(d.backends, func(want desiredBackend) bool { return want.addr == addr }) {
+	for _, addr := range st.removed {
+		if be, ok := svc.backends[addr]; ok {
 			if err := o.maps.deleteBackend(be.id); err != nil {
 				return err
 			}
@@ -225,30 +350,47 @@ func (o *ops) update(fe *lb.Frontend, force bool) error {
 }
 
 func (o *ops) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, fe *lb.Frontend) error {
-	if ok, err := o.ready(ctx, txn, fe, rev, true); !ok || err != nil {
-		return err
+	batch := []reconciler.BatchEntry[*lb.Frontend]{{Object: fe, Revision: rev}}
+	o.DeleteBatch(ctx, txn, batch)
+	return batch[0].Result
+}
+
+// DeleteBatch deletes the services of a round's frontends, their Maglev
+// tables together at the end (see insertMaglevs).
+func (o *ops) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*lb.Frontend]) {
+	var tables []uint32
+	for i := range batch {
+		e := &batch[i]
+		ok, err := o.ready(ctx, txn, e.Object, e.Revision, true)
+		if !ok || err != nil {
+			e.Result = err
+			continue
+		}
+		svc, ok := o.reg.services[e.Object.Address]
+		if !ok {
+			continue
+		}
+		if svc.table != tableNone {
+			tables = append(tables, svc.id)
+		}
+		if err := o.delete(svc); err != nil {
+			e.Result = fmt.Errorf("frontend %s: %w", e.Object.Address, err)
+		}
 	}
-	svc, ok := o.reg.services[fe.Address]
-	if !ok {
-		return nil
+	// A table left behind names no service any more: Prune deletes it.
+	if err := o.maps.deleteMaglevs(tables); err != nil {
+		o.log.Warn("Maglev tables of deleted services not deleted; pruning deletes them", "error", err)
 	}
-	if err := o.delete(svc); err != nil {
-		return fmt.Errorf("frontend %s: %w", fe.Address, err)
-	}
-	return nil
 }
 
 // delete removes a service from the maps, its entry first so that no new
-// packet looks up the rest, and frees its IDs.
+// packet looks up the rest, and frees its IDs. Its Maglev table is left to
+// the caller.
 func (o *ops) delete(svc *service) error {
 	if err := o.maps.deleteService(svc.key, svc.id); err != nil {
 		return err
 	}
 	svc.written = false
-	if err := o.maps.deleteMaglev(svc.id); err != nil {
-		return err
-	}
-	svc.maglev, svc.maglevKnown = nil, true
 	for addr, be := range svc.backends {
 		if err := o.maps.deleteBackend(be.id); err != nil {
 			return err
@@ -278,16 +420,22 @@ func (o *ops) Prune(ctx context.Context, txn statedb.ReadTxn, objects iter.Seq2[
 	for fe := range objects {
 		live[fe.Address] = struct{}{}
 	}
-	var errs []error
+	var (
+		errs   []error
+		tables []uint32
+	)
 	for addr, svc := range o.reg.services {
 		if _, ok := live[addr]; !ok {
 			o.log.Info("Pruning a service no frontend has", "frontend", addr, "id", svc.id)
+			if svc.table != tableNone {
+				tables = append(tables, svc.id)
+			}
 			if err := o.delete(svc); err != nil {
 				errs = append(errs, fmt.Errorf("frontend %s: %w", addr, err))
 			}
 		}
 	}
-	errs = append(errs, o.pruneMaps())
+	errs = append(errs, o.maps.deleteMaglevs(tables), o.pruneMaps())
 	return errors.Join(errs...)
 }
 
@@ -327,11 +475,13 @@ func (o *ops) pruneMaps() error {
 
 	svcIDs, _, err := collect[uint32, uint32](o.pinned.maglev)
 	errs = append(errs, err)
+	var orphans []uint32
 	for _, id := range svcIDs {
-		if svc, ok := o.reg.byID[id]; !ok || (svc.maglevKnown && svc.maglev == nil) {
-			errs = append(errs, o.maps.deleteMaglev(id))
+		if svc, ok := o.reg.byID[id]; !ok || svc.table == tableNone {
+			orphans = append(orphans, id)
 		}
 	}
+	errs = append(errs, o.maps.deleteMaglevs(orphans))
 
 	ranges, _, err := collect[bpf.L4xdsLbSrcRangeKey, uint8](o.pinned.srcRange)
 	errs = append(errs, err)

@@ -425,3 +425,66 @@ func TestPrivilegedANewServiceIDStartsWithZeroCounters(t *testing.T) {
 		t.Errorf("counters of the new service 1: %+v, %v; want zero", s, err)
 	}
 }
+
+// A round's new services get their Maglev tables together; a table that
+// exists is rewritten in place (same inner map), not swapped.
+func TestPrivilegedTablesAreInsertedTogetherAndRewrittenInPlace(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	a := startAgent(t, testConfig(root))
+	const n = 40
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		a.upsert(t, &lb.Service{Name: lb.ServiceName(name), Source: lb.SourceXDS}, fmt.Sprintf("10.0.0.%d:80/TCP", i+1))
+		a.setBackends(t, name, fmt.Sprintf("192.168.%d.1:80", i), fmt.Sprintf("192.168.%d.2:80", i))
+	}
+	a.initialize(t)
+	a.reconciled(t)
+	c := readMaps(t, root)
+	if len(c.services) != n || len(c.backends) != 2*n {
+		t.Fatalf("%d services and %d backends, want %d and %d", len(c.services), len(c.backends), n, 2*n)
+	}
+	for _, s := range c.services {
+		if shares := c.shares(t, s.ID); len(shares) != 2 {
+			t.Errorf("service %s: Maglev shares %v, want two backends", s.Frontend, shares)
+		}
+	}
+
+	first := c.services[fe("10.0.0.1:80/TCP")]
+	innerID := func() uint32 {
+		var id uint32
+		if err := c.maps.maglev.Lookup(first.ID, &id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	before := innerID()
+	a.setBackends(t, "svc-0", "192.168.0.1:80,w=70", "192.168.0.2:80,w=30", "192.168.0.3:80/terminating")
+	a.reconciled(t)
+	if after := innerID(); after != before {
+		t.Errorf("the table of %s was swapped (inner map %d, then %d), want it rewritten in place", first.Frontend, before, after)
+	}
+	c = readMaps(t, root)
+	if s := c.shares(t, first.ID)["192.168.0.1:80"]; s < 69 || s > 71 {
+		t.Errorf("after the weight change: share %.1f%%, want 70 ± 1", s)
+	}
+	if got := c.backendsOf(first.ID); got != "192.168.0.1:80/active 192.168.0.2:80/active 192.168.0.3:80/terminating" {
+		t.Errorf("backends %s", got)
+	}
+
+	// Emptying a service and deleting another remove their tables.
+	a.setBackends(t, "svc-0")
+	a.write(t, func(txn lb.WriteTxn) error { _, err := a.w.DeleteServiceAndFrontends(txn, "svc-1"); return err })
+	a.reconciled(t)
+	c = readMaps(t, root)
+	tables, _, err := collect[uint32, uint32](c.maps.maglev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) != n-2 || slices.Contains(tables, first.ID) {
+		t.Errorf("%d tables (service %d's among them: %v), want %d", len(tables), first.ID, slices.Contains(tables, first.ID), n-2)
+	}
+	if got := c.backendsOf(first.ID); got != "" || c.services[first.Frontend].Count != 0 {
+		t.Errorf("emptied service: backends %q, count %d", got, c.services[first.Frontend].Count)
+	}
+}
