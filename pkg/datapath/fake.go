@@ -33,8 +33,8 @@ type FakeMaps struct {
 	maglev   map[uint32]struct{}
 	// newTables are made, not yet inserted.
 	newTables []uint32
-	ranges   map[bpf.L4xdsLbSrcRangeKey]struct{}
-	vips     map[netip.Addr]uint32
+	ranges    map[bpf.L4xdsLbSrcRangeKey]struct{}
+	vips      map[netip.Addr]uint32
 }
 
 var _ mapWriter = (*FakeMaps)(nil)
