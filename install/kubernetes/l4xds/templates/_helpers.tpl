@@ -1,0 +1,76 @@
+{{/* SPDX-License-Identifier: Apache-2.0 */}}
+
+{{/* The release's full name: the release name, or <release>-l4xds. */}}
+{{- define "l4xds.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "l4xds.controlPlaneName" -}}
+{{- printf "%s-control-plane" (include "l4xds.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "l4xds.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "l4xds.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "l4xds.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Selector labels: stable across upgrades (a selector is immutable). */}}
+{{- define "l4xds.agentSelector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: agent
+{{- end -}}
+
+{{- define "l4xds.controlPlaneSelector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: control-plane
+{{- end -}}
+
+{{/* image: a dict with repository, tag, pullPolicy; an empty tag is the appVersion. */}}
+{{- define "l4xds.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "l4xds.controlPlaneImage" -}}
+{{- $repo := default .Values.image.repository .Values.controlPlane.image.repository -}}
+{{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.controlPlane.image.tag -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{/*
+The xDS server address of the agents: xdsControlPlane.serverAddress, else the
+reference control plane's Service when the chart runs one.
+*/}}
+{{- define "l4xds.serverAddress" -}}
+{{- if .Values.xdsControlPlane.serverAddress -}}
+{{- .Values.xdsControlPlane.serverAddress -}}
+{{- else if .Values.controlPlane.enabled -}}
+{{- printf "%s.%s.svc:%d" (include "l4xds.controlPlaneName" .) .Release.Namespace (int .Values.controlPlane.service.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Directory of the agent's API socket, shared with the node. */}}
+{{- define "l4xds.runDir" -}}
+{{- dir .Values.apiSocket -}}
+{{- end -}}
+
+{{/* Where the agent's TLS Secret is mounted: the default cert paths point into it. */}}
+{{- define "l4xds.tlsDir" -}}
+/var/lib/l4xds/tls
+{{- end -}}
