@@ -14,10 +14,14 @@ build:
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES)) ./test/l4xds-traffic
 
 # All test tiers: unit and script tests always; the privileged tiers (BPF,
-# network namespaces) run when root and skip with a message otherwise.
+# network namespaces) run when root and skip with a message otherwise. Then
+# the Helm chart, tested in its own module so that Helm and the Kubernetes
+# API stay out of the agent's dependencies.
+CHART_TEST := install/kubernetes/test
 test: build
 	$(GO) vet $(PKGS)
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m $(PKGS)
+	cd $(CHART_TEST) && $(GO) vet ./... && L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
 
 # Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of
@@ -50,6 +54,9 @@ docs: build
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet $(PKGS)
+	cd $(CHART_TEST) && $(GO) vet ./...
+	@command -v shellcheck >/dev/null || { echo "shellcheck is missing: apt-get install shellcheck"; exit 1; }
+	shellcheck test/demo.sh test/kind/*.sh .ci/run
 
 clean:
 	rm -rf $(BIN)
