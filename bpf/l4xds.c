@@ -36,6 +36,11 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 /* Size of every Maglev table, set by the loader (--lb-maglev-table-size). */
 volatile const __u32 maglev_size = 1021;
 
+/* Translated packets go straight to their next hop (fib_forward); 0 leaves
+ * the forwarding to the stack (tests that want the kernel's routing out of
+ * the picture). */
+volatile const __u8 fib_redirect = 1;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, LB_SERVICES_MAX);
@@ -198,6 +203,7 @@ struct pkt {
 	__u8 tcp_flags;
 	__u8 has_ports; /* a fragment or a truncated header may have none */
 	__u8 frag;      /* the first fragment of a fragmented datagram */
+	__u8 ttl;       /* IPv4 TTL, IPv6 hop limit */
 	__u32 frag_id;  /* IP ID of a fragment, as lb_frag_key.id */
 	__u32 l3_len;   /* IP header length (IPv4 with options, IPv6 with a
 			 * Fragment header) */
@@ -276,6 +282,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		p->daddr[2] = bpf_htonl(0x0000ffff);
 		p->daddr[3] = ip.daddr;
 		p->l3_len = ip.ihl * 4;
+		p->ttl = ip.ttl;
 		tot = bpf_ntohs(ip.tot_len);
 		if (ip.protocol == IPPROTO_ICMP) {
 			/* An ICMP error fits one packet; fragments pass. */
@@ -309,6 +316,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
 		p->l3_len = sizeof(ip6);
+		p->ttl = ip6.hop_limit;
 		p->l4_len = bpf_ntohs(ip6.payload_len);
 		if (ip6.nexthdr == IPPROTO_ICMPV6) {
 			p->proto = IPPROTO_ICMPV6;
@@ -566,6 +574,72 @@ static __always_inline void frag_remember(const struct pkt *p, __u8 dir,
 	frag_key_of(&key, p, dir);
 	__builtin_memcpy(val.addr, addr, 16);
 	bpf_map_update_elem(&l4xds_frags, &key, &val, BPF_ANY);
+}
+
+#define AF_INET 2
+#define AF_INET6 10
+
+/* A translated packet (to a backend, or back to a client) goes straight
+ * to its next hop: a FIB lookup of its new addresses, then out of the
+ * egress device through the kernel's neighbour table (which resolves a
+ * next hop it does not know yet), skipping the stack's forwarding path
+ * and netfilter. The TTL or hop limit goes down by one, as a router's
+ * does. Whatever the lookup does not answer with a usable route (local,
+ * unreachable, forwarding disabled, the packet too big for the egress
+ * device), a TTL about to expire, and fragments are left to the stack,
+ * which routes them, sends the ICMP error or fragments as before. */
+static __always_inline int fib_forward(struct __sk_buff *skb,
+				       const struct pkt *p, const __u32 *saddr,
+				       const __u32 *daddr, __be16 sport,
+				       __be16 dport)
+{
+	struct bpf_fib_lookup fib = {
+		.l4_protocol = p->proto,
+		.sport = sport,
+		.dport = dport,
+		.ifindex = skb->ifindex,
+	};
+	struct bpf_redir_neigh nh = {};
+	long rc;
+
+	if (!fib_redirect || p->frag || p->ttl <= 1)
+		return TCX_NEXT;
+	if (p->v6) {
+		fib.family = AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, saddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, daddr, 16);
+	} else {
+		fib.family = AF_INET;
+		fib.ipv4_src = saddr[3];
+		fib.ipv4_dst = daddr[3];
+	}
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TCX_NEXT;
+
+	if (p->v6) {
+		__u8 hop_limit = p->ttl - 1;
+
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, hop_limit),
+					&hop_limit, 1, 0) < 0)
+			return TCX_DROP;
+		nh.nh_family = AF_INET6;
+		__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16);
+	} else {
+		/* TTL and protocol share a 16-bit word of the checksum. */
+		__be16 old = bpf_htons((__u16)p->ttl << 8 | p->proto);
+		__be16 new = bpf_htons((__u16)(p->ttl - 1) << 8 | p->proto);
+		__u8 ttl = p->ttl - 1;
+
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
+					old, new, 2) < 0 ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, ttl),
+					&ttl, 1, 0) < 0)
+			return TCX_DROP;
+		nh.nh_family = AF_INET;
+		nh.ipv4_nh = fib.ipv4_dst;
+	}
+	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 }
 
 /* Checksum of len bytes of the packet from off, seeded with sum: whole
@@ -934,7 +1008,7 @@ __noinline int handle_reply(struct __sk_buff *skb, const struct pkt *p)
 	if (p->frag)
 		frag_remember(p, CT_REPLY, vip, svc_id);
 	count_packet(svc_id, skb->len);
-	return TCX_NEXT;
+	return fib_forward(skb, p, vip, p->daddr, vip_port, p->dport);
 }
 
 /* The backend of an existing flow, if the flow may keep it: whatever its
@@ -1143,7 +1217,7 @@ rewrite:
 	if (p->frag)
 		frag_remember(p, CT_FORWARD, baddr, svc_id);
 	count_packet(svc_id, skb->len);
-	return TCX_NEXT;
+	return fib_forward(skb, p, p->saddr, baddr, p->sport, bport);
 
 no_backend:
 	count_drop(svc_id, LB_DROP_NO_BACKEND);

@@ -29,6 +29,11 @@ import (
 // that makes the program do the work the path's name claims, and the
 // verdict and output of every run are checked: the benchmark fails rather
 // than time a path other than the one it names.
+//
+// The program is loaded as the agent loads it, translated packets going
+// straight to their next hop, and runs in a namespace with routes to the
+// clients and backends (routedNetns): established, reply and new-flow
+// packets take the FIB lookup and come out with TCX_REDIRECT.
 
 // benchCTEntries holds the conntrack entries of about a million new flows
 // (two each) without LRU eviction.
@@ -99,13 +104,17 @@ func BenchmarkProgRun(b *testing.B) {
 	if s, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled"); err == nil && strings.TrimSpace(string(s)) != "0" {
 		b.Log("kernel.bpf_stats_enabled is on: every run also pays for the kernel's run-time accounting")
 	}
-	b.Run("path=empty", benchEmpty)
+	ns := routedNetns(b)
+	in := func(bench func(b *testing.B)) func(b *testing.B) {
+		return func(b *testing.B) { inNetns(b, ns, func() { bench(b) }) }
+	}
+	b.Run("path=empty", in(benchEmpty))
 	for _, c := range benchCases() {
 		name := "/family=" + c.family + "/proto=" + c.proto
-		b.Run("path=passthrough"+name, func(b *testing.B) { benchPassthrough(b, c) })
-		b.Run("path=established"+name, func(b *testing.B) { benchEstablished(b, c) })
-		b.Run("path=reply"+name, func(b *testing.B) { benchReply(b, c) })
-		b.Run("path=new"+name, func(b *testing.B) { benchNew(b, c) })
+		b.Run("path=passthrough"+name, in(func(b *testing.B) { benchPassthrough(b, c) }))
+		b.Run("path=established"+name, in(func(b *testing.B) { benchEstablished(b, c) }))
+		b.Run("path=reply"+name, in(func(b *testing.B) { benchReply(b, c) }))
+		b.Run("path=new"+name, in(func(b *testing.B) { benchNew(b, c) }))
 	}
 }
 
@@ -124,8 +133,6 @@ func benchEmpty(b *testing.B) {
 	defer prog.Close()
 	in := syn(client4, vip4).frame()
 	var r runs
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	for b.Loop() {
 		out := r.run(b, prog, in, verdictNext)
 		if !bytes.Equal(out, in) {
@@ -138,12 +145,10 @@ func benchEmpty(b *testing.B) {
 // benchPassthrough: a packet to an address that is no VIP, with a service
 // loaded. It must come out unchanged with TCX_NEXT.
 func benchPassthrough(b *testing.B, c benchCase) {
-	d := newDatapathCT(b, benchCTEntries)
+	d := newDatapathWith(b, loadOptions{ctEntries: benchCTEntries, fibRedirect: true})
 	d.addService(c.service())
 	in := c.data(c.client, c.other).frame()
 	var r runs
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	for b.Loop() {
 		if out := r.run(b, d.objs.L4xdsIngress, in, verdictNext); !bytes.Equal(out, in) {
 			b.Fatalf("a packet to %s (no VIP) was changed", c.other)
@@ -158,16 +163,14 @@ func benchPassthrough(b *testing.B, c benchCase) {
 // benchEstablished: the flow is opened once; every counted run is a data
 // packet of it, which must come out DNATed to the flow's backend.
 func benchEstablished(b *testing.B, c benchCase) {
-	d := newDatapathCT(b, benchCTEntries)
+	d := newDatapathWith(b, loadOptions{ctEntries: benchCTEntries, fibRedirect: true})
 	d.addService(c.service())
 	be := c.open(b, d, c.client)
 	in := c.data(c.client, c.vip).frame()
-	want := c.data(c.client, be).frame()
+	want := hop(c.data(c.client, be)).frame()
 	var r runs
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	for b.Loop() {
-		if out := r.run(b, d.objs.L4xdsIngress, in, verdictNext); !bytes.Equal(out, want) {
+		if out := r.run(b, d.objs.L4xdsIngress, in, verdictRedirect); !bytes.Equal(out, want) {
 			b.Fatalf("a packet of the established flow did not come out DNATed to %s", be)
 		}
 	}
@@ -180,17 +183,15 @@ func benchEstablished(b *testing.B, c benchCase) {
 // benchReply: the flow is opened once; every counted run is its backend's
 // answer, which must come out with the VIP as source.
 func benchReply(b *testing.B, c benchCase) {
-	d := newDatapathCT(b, benchCTEntries)
+	d := newDatapathWith(b, loadOptions{ctEntries: benchCTEntries, fibRedirect: true})
 	d.addService(c.service())
 	be := c.open(b, d, c.client)
 	answer := c.data(be, c.client)
 	in := answer.frame()
-	want := answer.from(c.vip).frame()
+	want := hop(answer.from(c.vip)).frame()
 	var r runs
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	for b.Loop() {
-		if out := r.run(b, d.objs.L4xdsIngress, in, verdictNext); !bytes.Equal(out, want) {
+		if out := r.run(b, d.objs.L4xdsIngress, in, verdictRedirect); !bytes.Equal(out, want) {
 			b.Fatalf("the backend's answer did not come out from the VIP %s", c.vip)
 		}
 	}
@@ -201,17 +202,15 @@ func benchReply(b *testing.B, c benchCase) {
 // (its own client address and port), which must come out DNATed to a
 // backend and leave conntrack entries.
 func benchNew(b *testing.B, c benchCase) {
-	d := newDatapathCT(b, benchCTEntries)
+	d := newDatapathWith(b, loadOptions{ctEntries: benchCTEntries, fibRedirect: true})
 	d.addService(c.service())
 	client := c.client.Addr()
 	sport := newFlowPorts[0]
 	var r runs
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	for b.Loop() {
 		src := netip.AddrPortFrom(client, sport)
 		in := c.first(src).frame()
-		out := r.run(b, d.objs.L4xdsIngress, in, verdictNext)
+		out := r.run(b, d.objs.L4xdsIngress, in, verdictRedirect)
 		if be := dstOf(out); !c.backendAt(be) {
 			b.Fatalf("new flow %d from %s went to %s, not to a backend", r.n(), src, be)
 		}
@@ -236,10 +235,16 @@ func (c benchCase) open(b *testing.B, d *datapath, client netip.AddrPort) netip.
 	b.Helper()
 	verdict, out := d.run(c.first(client).frame())
 	be := dstOf(out)
-	if verdict != verdictNext || !c.backendAt(be) {
-		b.Fatalf("opening the flow from %s: verdict %d, to %s; want TCX_NEXT to a backend", client, int32(verdict), be)
+	if verdict != verdictRedirect || !c.backendAt(be) {
+		b.Fatalf("opening the flow from %s: verdict %d, to %s; want TCX_REDIRECT to a backend", client, int32(verdict), be)
 	}
 	return be
+}
+
+// hop is s as a router forwards it: one hop less to live.
+func hop(s segment) segment {
+	s.ttl = 63
+	return s
 }
 
 func (c benchCase) line(path string) string {

@@ -51,17 +51,24 @@ type datapath struct {
 }
 
 func newDatapath(t testing.TB) *datapath {
-	return newDatapathCT(t, testCTEntries)
+	return newDatapathWith(t, loadOptions{})
 }
 
-// testCTEntries sizes l4xds_ct in tests: LRU maps are preallocated.
-const testCTEntries = 4096
+// loadOptions sets what tests may change about the program and maps.
+type loadOptions struct {
+	// ctEntries sizes l4xds_ct (LRU maps are preallocated): 4096 if 0.
+	ctEntries uint32
+	// fibRedirect sends translated packets to their next hop as the
+	// agent's datapath does; without it they go on to the stack (TCX_NEXT),
+	// whatever the routes of the namespace the test runs in.
+	fibRedirect bool
+	coll        *ebpf.CollectionOptions
+}
 
-// newDatapathCT is newDatapath with room for ctEntries conntrack entries.
-func newDatapathCT(t testing.TB, ctEntries uint32) *datapath {
+func newDatapathWith(t testing.TB, o loadOptions) *datapath {
 	t.Helper()
 	d := &datapath{t: t}
-	loadCT(t, &d.objs, nil, ctEntries)
+	loadWith(t, &d.objs, o)
 	t.Cleanup(func() { d.objs.Close() })
 	return d
 }
@@ -69,10 +76,10 @@ func newDatapathCT(t testing.TB, ctEntries uint32) *datapath {
 // load loads the program with unpinned maps sized for tests.
 func load(t testing.TB, objs *L4xdsObjects, opts *ebpf.CollectionOptions) {
 	t.Helper()
-	loadCT(t, objs, opts, testCTEntries)
+	loadWith(t, objs, loadOptions{coll: opts})
 }
 
-func loadCT(t testing.TB, objs *L4xdsObjects, opts *ebpf.CollectionOptions, ctEntries uint32) {
+func loadWith(t testing.TB, objs *L4xdsObjects, o loadOptions) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads BPF programs and runs them with BPF_PROG_RUN")
@@ -84,8 +91,15 @@ func loadCT(t testing.TB, objs *L4xdsObjects, opts *ebpf.CollectionOptions, ctEn
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
 	}
-	// LRU maps are preallocated: keep them small in tests.
+	ctEntries := o.ctEntries
+	if ctEntries == 0 {
+		ctEntries = 4096
+	}
 	spec.Maps[L4xdsMapL4xdsCt].MaxEntries = ctEntries
+	if err := spec.Variables[L4xdsVarFibRedirect].Set(o.fibRedirect); err != nil {
+		t.Fatal(err)
+	}
+	// LRU maps are preallocated: keep them small in tests.
 	spec.Maps[L4xdsMapL4xdsAffinity].MaxEntries = 1024
 	spec.Maps[L4xdsMapL4xdsFrags].MaxEntries = 1024
 	spec.Maps[L4xdsMapL4xdsStats].MaxEntries = 64
@@ -93,7 +107,7 @@ func loadCT(t testing.TB, objs *L4xdsObjects, opts *ebpf.CollectionOptions, ctEn
 	if err := spec.Variables[L4xdsVarMaglevSize].Set(uint32(testMaglevN)); err != nil {
 		t.Fatal(err)
 	}
-	if err := spec.LoadAndAssign(objs, opts); err != nil {
+	if err := spec.LoadAndAssign(objs, o.coll); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			t.Fatalf("load: %+v", ve)

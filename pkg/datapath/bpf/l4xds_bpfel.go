@@ -119,6 +119,7 @@ const (
 	L4xdsMapL4xdsStats    = "l4xds_stats"
 	L4xdsMapL4xdsVips     = "l4xds_vips"
 	L4xdsProgL4xdsIngress = "l4xds_ingress"
+	L4xdsVarFibRedirect   = "fib_redirect"
 	L4xdsVarMaglevSize    = "maglev_size"
 )
 
@@ -186,7 +187,8 @@ type L4xdsMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type L4xdsVariableSpecs struct {
-	MaglevSize *ebpf.VariableSpec `ebpf:"maglev_size"`
+	FibRedirect *ebpf.VariableSpec `ebpf:"fib_redirect"`
+	MaglevSize  *ebpf.VariableSpec `ebpf:"maglev_size"`
 }
 
 // L4xdsObjects contains all objects after they have been loaded into the kernel.
@@ -238,7 +240,8 @@ func (m *L4xdsMaps) Close() error {
 //
 // It can be passed to LoadL4xdsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type L4xdsVariables struct {
-	MaglevSize *ebpf.Variable `ebpf:"maglev_size"`
+	FibRedirect *ebpf.Variable `ebpf:"fib_redirect"`
+	MaglevSize  *ebpf.Variable `ebpf:"maglev_size"`
 }
 
 // L4xdsPrograms contains all programs after they have been loaded into the kernel.

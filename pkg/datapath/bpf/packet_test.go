@@ -77,6 +77,8 @@ type segment struct {
 	ipOptions []byte
 	// fragOff is the IPv4 flags and fragment offset field (DF if zero).
 	fragOff uint16
+	// ttl is the IPv4 TTL or IPv6 hop limit (64 if zero).
+	ttl uint8
 }
 
 func (s segment) l4() []byte {
@@ -110,7 +112,7 @@ func (s segment) l4() []byte {
 
 // frame is the segment as it arrives from the client's side.
 func (s segment) frame() []byte {
-	ipOpts := ipv4Opts{options: s.ipOptions, fragOff: 0x4000, id: 0x1234}
+	ipOpts := ipv4Opts{options: s.ipOptions, fragOff: 0x4000, id: 0x1234, ttl: s.ttl}
 	if s.fragOff != 0 {
 		ipOpts.fragOff = s.fragOff
 	}
@@ -145,16 +147,21 @@ type ipv4Opts struct {
 	fragOff uint16
 	id      uint16
 	tos     uint8
+	ttl     uint8 // also the IPv6 hop limit; 64 if zero
 }
 
 func ipPacket(src, dst netip.Addr, proto uint8, l4 []byte, o ipv4Opts) []byte {
+	ttl := o.ttl
+	if ttl == 0 {
+		ttl = 64
+	}
 	if src.Is4() {
 		hlen := 20 + len(o.options)
 		h := []byte{byte(0x40 | hlen/4), o.tos}
 		h = binary.BigEndian.AppendUint16(h, uint16(hlen+len(l4)))
 		h = binary.BigEndian.AppendUint16(h, o.id)
 		h = binary.BigEndian.AppendUint16(h, o.fragOff)
-		h = append(h, 64, proto, 0, 0)
+		h = append(h, ttl, proto, 0, 0)
 		h = append(h, src.AsSlice()...)
 		h = append(h, dst.AsSlice()...)
 		h = append(h, o.options...)
@@ -163,7 +170,7 @@ func ipPacket(src, dst netip.Addr, proto uint8, l4 []byte, o ipv4Opts) []byte {
 	}
 	h := []byte{0x60, 0, 0, 0}
 	h = binary.BigEndian.AppendUint16(h, uint16(len(l4)))
-	h = append(h, proto, 64)
+	h = append(h, proto, ttl)
 	h = append(h, src.AsSlice()...)
 	h = append(h, dst.AsSlice()...)
 	return append(h, l4...)
