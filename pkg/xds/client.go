@@ -519,7 +519,7 @@ func (c *Client) setNames(ts *typeState, names []string, now time.Time) {
 			touched = append(touched, n)
 		}
 	}
-	ts.names = want
+	ts.names, ts.nameList = want, names
 	ts.dirty = true
 	c.writeResources(ts, touched)
 }
@@ -577,7 +577,11 @@ func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail 
 		req.node = c.node
 	}
 	delta := c.cfg.XDSProtocol == ProtocolDelta
-	if delta {
+	// The stream's subscription is the names of the last request unless
+	// they changed since: an ACK of a type with thousands of names must
+	// not walk them.
+	namesChanged := !ts.sent || ts.dirty
+	if delta && namesChanged {
 		// No initial_resource_versions on a new stream, ever: the server
 		// then sends everything it has, which is the full state the
 		// mark-and-sweep after a reconnect needs (go-control-plane sends
@@ -596,6 +600,8 @@ func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail 
 		}
 		slices.Sort(req.subscribe)
 		slices.Sort(req.unsubscribe)
+	}
+	if delta {
 		if ack {
 			req.nonce = ts.nonce
 		} else if ts.sent && len(req.subscribe)+len(req.unsubscribe) == 0 {
@@ -603,7 +609,10 @@ func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail 
 			return nil
 		}
 	} else {
-		req.names = slices.Sorted(maps.Keys(desired))
+		req.names = ts.nameList
+		if ts.wildcard {
+			req.names = wildcardNameList
+		}
 		// The server ignores a request without the nonce of its last
 		// response, even one that only changes names.
 		req.nonce = ts.nonce
@@ -617,12 +626,15 @@ func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail 
 		return err
 	}
 	c.nodeSent = true
-	c.startDeadlines(ts, time.Now(), !ts.sent)
+	if namesChanged {
+		// Only new names and a new stream start timers.
+		c.startDeadlines(ts, time.Now(), !ts.sent)
+		if delta {
+			ts.subscribed = maps.Clone(desired)
+		}
+	}
 	ts.sent = true
 	ts.dirty = false
-	if delta {
-		ts.subscribed = maps.Clone(desired)
-	}
 	return nil
 }
 
@@ -640,7 +652,10 @@ func (c *Client) sendDueNacks(st adsStream, now time.Time) error {
 	return nil
 }
 
-var wildcardNames = map[string]struct{}{"*": {}}
+var (
+	wildcardNames    = map[string]struct{}{"*": {}}
+	wildcardNameList = []string{"*"}
+)
 
 // startDeadlines starts the does-not-exist timer of every requested name
 // that has neither a cached resource nor a running timer, and of which

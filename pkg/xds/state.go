@@ -25,10 +25,14 @@ type typeState struct {
 	handler  Handler
 	gen      uint64
 
-	// names requested (non-wildcard types).
-	names map[string]struct{}
+	// names requested (non-wildcard types), and as a sorted list (the
+	// consumer's, never mutated) for SotW requests.
+	names    map[string]struct{}
+	nameList []string
 	// entries is the cache: every resource received or requested.
 	entries map[string]*entry
+	// offering is false when no entry holds an offer (entry.offer).
+	offering bool
 	// deadlines of the does-not-exist timers that run.
 	deadlines map[string]time.Time
 	// version is the last accepted version_info.
@@ -244,6 +248,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		}
 		e := ts.entry(name)
 		e.err, e.rejected, e.offer, e.updated = msg, badBytes[name], offers[name], now
+		ts.offering = ts.offering || e.offer != nil
 		e.state = StateNacked
 		if e.bytes != nil {
 			e.state = StateNackedButCached
@@ -326,9 +331,18 @@ func (c *Client) deliver(ctx context.Context, ts *typeState, upserted []Resource
 		in[n] = struct{}{}
 	}
 	var offered []Resource
-	for name, e := range ts.entries {
-		if _, ok := in[name]; !ok && e.offer != nil {
-			offered = append(offered, *e.offer)
+	if ts.offering {
+		// Walked only while some entry may hold an offer: an update of one
+		// resource among thousands must not walk them all.
+		ts.offering = false
+		for name, e := range ts.entries {
+			if e.offer == nil {
+				continue
+			}
+			ts.offering = true
+			if _, ok := in[name]; !ok {
+				offered = append(offered, *e.offer)
+			}
 		}
 	}
 	slices.SortFunc(offered, func(a, b Resource) int { return strings.Compare(a.Name, b.Name) })
