@@ -3,11 +3,14 @@
 package datapath
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"iter"
 	"net/netip"
 	"path/filepath"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -35,18 +38,15 @@ type Maps struct {
 	maglevInner *ebpf.MapSpec
 	possibleCPU int
 
-	// Buffers of the writes: the tables made by newMaglev and not yet
-	// inserted, the keys 0..size-1 of a table, zeroed counters.
-	newTables  []newTable
+	// tables makes the new Maglev tables; slotKeys are the keys
+	// 0..size-1 of a table, for filling one.
+	tables   *tableMaker
+	slotKeys []uint32
+
+	// Buffers of the writes.
 	batchKeys  []uint32
 	batchFDs   []uint32
-	slotKeys   []uint32
 	zeroCounts []bpf.L4xdsLbStats
-}
-
-type newTable struct {
-	svcID uint32
-	inner *ebpf.Map
 }
 
 func newMaps(objs *bpf.L4xdsMaps, maglevInner *ebpf.MapSpec) (*Maps, error) {
@@ -54,7 +54,13 @@ func newMaps(objs *bpf.L4xdsMaps, maglevInner *ebpf.MapSpec) (*Maps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("possible CPUs, for %s: %w", bpf.L4xdsMapL4xdsStats, err)
 	}
-	return &Maps{
+	if maglevInner != nil {
+		// Without BTF, making a table is one syscall rather than loading
+		// and freeing a BTF blob each time; an array of u32 needs none.
+		maglevInner = maglevInner.Copy()
+		maglevInner.Key, maglevInner.Value = nil, nil
+	}
+	m := &Maps{
 		services:    objs.L4xdsServices,
 		backends:    objs.L4xdsBackends,
 		maglev:      objs.L4xdsMaglev,
@@ -63,7 +69,14 @@ func newMaps(objs *bpf.L4xdsMaps, maglevInner *ebpf.MapSpec) (*Maps, error) {
 		stats:       objs.L4xdsStats,
 		maglevInner: maglevInner,
 		possibleCPU: cpus,
-	}, nil
+	}
+	if maglevInner != nil {
+		m.slotKeys = make([]uint32, maglevInner.MaxEntries)
+		for i := range m.slotKeys {
+			m.slotKeys[i] = uint32(i)
+		}
+	}
+	return m, nil
 }
 
 // OpenPinnedMaps opens the maps pinned under <bpfRoot>/l4xds for reading.
@@ -97,6 +110,9 @@ func OpenPinnedMaps(bpfRoot string) (*Maps, error) {
 
 // Close closes the handles; the pinned maps stay.
 func (m *Maps) Close() error {
+	if m.tables != nil {
+		m.tables.stop()
+	}
 	return errors.Join(m.services.Close(), m.backends.Close(), m.maglev.Close(),
 		m.srcRange.Close(), m.vips.Close(), m.stats.Close())
 }
@@ -367,41 +383,47 @@ func (m *Maps) deleteBackend(id uint32) error {
 // that sees some old slots and some new ones is served either way.
 
 // newMaglev makes a table for svcID holding table, to be inserted by
-// insertMaglevs.
+// insertMaglevs. Making and filling a table costs about 150 µs of kernel
+// time, most of what a new service costs, so tables are made on every CPU
+// while the reconciler goes on; an error shows in insertMaglevs.
 func (m *Maps) newMaglev(svcID uint32, table []uint32) error {
-	inner, err := ebpf.NewMap(m.maglevInner)
-	if err != nil {
-		return fmt.Errorf("write %s: service %d: create table: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+	if len(table) != len(m.slotKeys) {
+		return fmt.Errorf("write %s: service %d: a table of %d slots, not %d", bpf.L4xdsMapL4xdsMaglev, svcID, len(table), len(m.slotKeys))
 	}
-	if err := m.fillArray(inner, table); err != nil {
-		inner.Close()
-		return fmt.Errorf("write %s: service %d: fill table: %w", bpf.L4xdsMapL4xdsMaglev, svcID, err)
+	if m.tables == nil {
+		m.tables = newTableMaker(m, runtime.GOMAXPROCS(0))
 	}
-	m.newTables = append(m.newTables, newTable{svcID, inner})
+	m.tables.make(svcID, table)
 	return nil
 }
 
 // insertMaglevs inserts the tables made since the last call, replacing
-// those the services had.
+// those the services had. If one of them could not be made, none is
+// inserted.
 func (m *Maps) insertMaglevs() error {
-	if len(m.newTables) == 0 {
+	if m.tables == nil {
 		return nil
 	}
-	defer func() {
-		for _, t := range m.newTables {
+	made, err := m.tables.wait()
+	if len(made) == 0 || err != nil {
+		for _, t := range made {
 			t.inner.Close()
 		}
-		clear(m.newTables)
-		m.newTables = m.newTables[:0]
+		return err
+	}
+	defer func() {
+		for _, t := range made {
+			t.inner.Close()
+		}
 	}()
 	keys, fds := m.batchKeys[:0], m.batchFDs[:0]
-	for _, t := range m.newTables {
+	for _, t := range made {
 		keys, fds = append(keys, t.svcID), append(fds, uint32(t.inner.FD()))
 	}
 	m.batchKeys, m.batchFDs = keys, fds
-	_, err := m.maglev.BatchUpdate(keys, fds, nil)
+	_, err = m.maglev.BatchUpdate(keys, fds, nil)
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		for _, t := range m.newTables {
+		for _, t := range made {
 			if err = m.maglev.Put(t.svcID, t.inner); err != nil {
 				break
 			}
@@ -411,6 +433,90 @@ func (m *Maps) insertMaglevs() error {
 		return fmt.Errorf("write %s: %d tables from service %d: %w", bpf.L4xdsMapL4xdsMaglev, len(keys), keys[0], err)
 	}
 	return nil
+}
+
+// tableMaker makes and fills tables on its workers, one per CPU, with a
+// few buffers of slots in flight.
+type tableMaker struct {
+	m       *Maps
+	jobs    chan tableJob
+	free    chan []uint32
+	pending sync.WaitGroup
+	workers sync.WaitGroup
+
+	mu   sync.Mutex
+	made []newTable
+	err  error
+}
+
+type tableJob struct {
+	svcID uint32
+	slots []uint32
+}
+
+type newTable struct {
+	svcID uint32
+	inner *ebpf.Map
+}
+
+func newTableMaker(m *Maps, workers int) *tableMaker {
+	t := &tableMaker{m: m, jobs: make(chan tableJob), free: make(chan []uint32, 2*workers)}
+	for range cap(t.free) {
+		t.free <- make([]uint32, len(m.slotKeys))
+	}
+	t.workers.Add(workers)
+	for range workers {
+		go t.work()
+	}
+	return t
+}
+
+func (t *tableMaker) make(svcID uint32, table []uint32) {
+	slots := <-t.free
+	copy(slots, table)
+	t.pending.Add(1)
+	t.jobs <- tableJob{svcID, slots}
+}
+
+func (t *tableMaker) work() {
+	defer t.workers.Done()
+	for j := range t.jobs {
+		inner, err := ebpf.NewMap(t.m.maglevInner)
+		if err != nil {
+			err = fmt.Errorf("write %s: service %d: create table: %w", bpf.L4xdsMapL4xdsMaglev, j.svcID, err)
+		} else if err = t.m.fillArray(inner, j.slots); err != nil {
+			inner.Close()
+			err = fmt.Errorf("write %s: service %d: fill table: %w", bpf.L4xdsMapL4xdsMaglev, j.svcID, err)
+		}
+		t.free <- j.slots
+		t.mu.Lock()
+		if err != nil {
+			t.err = cmp.Or(t.err, err)
+		} else {
+			t.made = append(t.made, newTable{j.svcID, inner})
+		}
+		t.mu.Unlock()
+		t.pending.Done()
+	}
+}
+
+// wait returns the tables made since the last wait and the first error.
+func (t *tableMaker) wait() ([]newTable, error) {
+	t.pending.Wait()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	made, err := t.made, t.err
+	t.made, t.err = nil, nil
+	return made, err
+}
+
+func (t *tableMaker) stop() {
+	made, _ := t.wait()
+	for _, nt := range made {
+		nt.inner.Close()
+	}
+	close(t.jobs)
+	t.workers.Wait()
 }
 
 // rewriteMaglev writes table over the slots of svcID's table. found is
@@ -435,10 +541,10 @@ func (m *Maps) rewriteMaglev(svcID uint32, table []uint32) (found bool, err erro
 }
 
 // fillArray writes values into the array map's slots 0..len-1, in one
-// batch where the kernel supports it.
+// batch where the kernel supports it. Safe for concurrent use.
 func (m *Maps) fillArray(inner *ebpf.Map, values []uint32) error {
-	for i := len(m.slotKeys); i < len(values); i++ {
-		m.slotKeys = append(m.slotKeys, uint32(i))
+	if len(values) > len(m.slotKeys) {
+		return fmt.Errorf("%d slots, more than the %d of a table", len(values), len(m.slotKeys))
 	}
 	if _, err := inner.BatchUpdate(m.slotKeys[:len(values)], values, nil); err == nil {
 		return nil
