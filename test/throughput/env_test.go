@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -326,6 +327,39 @@ func (e *env) forwarded() uint64 {
 		n += st.Packets
 	}
 	return n
+}
+
+// stackForwarded is the number of IPv4 packets the LB namespace's stack
+// forwarded (ForwDatagrams of /proc/net/snmp): the l4xds side hands
+// balanced packets to their next hop itself, the netfilter side leaves
+// them all to the stack.
+func (e *env) stackForwarded() uint64 {
+	out, err := netns.Command(context.Background(), e.topo.LB, "cat", "/proc/net/snmp").Output()
+	if err != nil {
+		e.b.Fatalf("/proc/net/snmp in %s: %v", e.topo.LB, err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || fields[0] != "Ip:" {
+			continue
+		}
+		if names == nil {
+			names = fields
+			continue
+		}
+		for i, name := range names {
+			if name == "ForwDatagrams" && i < len(fields) {
+				n, err := strconv.ParseUint(fields[i], 10, 64)
+				if err != nil {
+					e.b.Fatalf("ForwDatagrams %q: %v", fields[i], err)
+				}
+				return n
+			}
+		}
+	}
+	e.b.Fatalf("no Ip: ForwDatagrams in /proc/net/snmp of %s:\n%s", e.topo.LB, out)
+	return 0
 }
 
 // netfilterOn installs DNAT rules for the same VIP and ports to the same

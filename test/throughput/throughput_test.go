@@ -53,6 +53,9 @@ var metrics = []metric{
 	},
 }
 
+// settle is the pause between switching a side on and loading it.
+const settle = 2 * time.Second
+
 // side is one way of balancing the VIP.
 type side struct {
 	name    string
@@ -85,6 +88,10 @@ func BenchmarkThroughput(b *testing.B) {
 			}
 			for _, s := range order {
 				s.on()
+				// The agent has just started: let its start-up work
+				// (restore, first reconciliation, GC) end before the
+				// load, on both sides alike.
+				time.Sleep(settle)
 				for _, m := range metrics {
 					v := measure(b, e, s.name, m, duration)
 					key := m.proto + "/" + m.name
@@ -105,7 +112,7 @@ func BenchmarkThroughput(b *testing.B) {
 // the datapath on the l4xds side and not at all on the other.
 func measure(b *testing.B, e *env, sideName string, m metric, duration time.Duration) float64 {
 	b.Helper()
-	before := e.forwarded()
+	before, stackBefore := e.forwarded(), e.stackForwarded()
 	to := fmt.Sprintf("%s:%d", vip, udpPort)
 	if m.proto == "tcp" {
 		to = fmt.Sprintf("%s:%d", vip, tcpPort)
@@ -115,8 +122,9 @@ func measure(b *testing.B, e *env, sideName string, m metric, duration time.Dura
 		b.Fatalf("%s %s %s: %v", sideName, m.proto, m.name, err)
 	}
 	v := m.value(r)
-	what := fmt.Sprintf("%s %s %s: %.4g (%d answered, %d connections, %d bytes, %d lost, errors %v %v, backends %v)",
-		sideName, m.proto, m.name, v, r.Answered, r.Connections, r.Bytes, r.Lost, r.Errors, r.Examples, r.Backends)
+	what := fmt.Sprintf("%s %s %s: %.4g (%d answered, %d connections, %d bytes, %d lost, errors %v %v, backends %v, forwarded by the datapath %d, by the stack %d)",
+		sideName, m.proto, m.name, v, r.Answered, r.Connections, r.Bytes, r.Lost, r.Errors, r.Examples, r.Backends,
+		e.forwarded()-before, e.stackForwarded()-stackBefore)
 	fmt.Println("#", what)
 	// A handful of flows need not reach every backend: the split itself
 	// is the end-to-end tests' concern. The answers must come from them.
