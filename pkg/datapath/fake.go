@@ -86,10 +86,12 @@ func (f *FakeMaps) deleteService(key bpf.L4xdsLbSvcKey, _ uint32) error {
 	return nil
 }
 
-func (f *FakeMaps) putBackend(id uint32, v bpf.L4xdsLbBackend) error {
+func (f *FakeMaps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.backends[id] = v
+	for i, id := range ids {
+		f.backends[id] = values[i]
+	}
 	return nil
 }
 

@@ -331,7 +331,7 @@ func (m *Maps) ServiceStats(svcID uint32) (Stats, error) {
 type mapWriter interface {
 	putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error
 	deleteService(key bpf.L4xdsLbSvcKey, id uint32) error
-	putBackend(id uint32, v bpf.L4xdsLbBackend) error
+	putBackends(ids []uint32, values []bpf.L4xdsLbBackend) error
 	deleteBackend(id uint32) error
 	newMaglev(svcID uint32, table []uint32) error
 	insertMaglevs() error
@@ -362,6 +362,28 @@ func (m *Maps) deleteService(key bpf.L4xdsLbSvcKey, id uint32) error {
 func (m *Maps) putBackend(id uint32, v bpf.L4xdsLbBackend) error {
 	if err := m.backends.Put(id, &v); err != nil {
 		return fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(v), id, err)
+	}
+	return nil
+}
+
+// putBackends writes the entries in one batch where the kernel supports
+// it: a service's hundred backends are one syscall, not a hundred.
+func (m *Maps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) error {
+	if len(ids) == 1 {
+		return m.putBackend(ids[0], values[0])
+	}
+	n, err := m.backends.BatchUpdate(ids, values, nil)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		for i, id := range ids {
+			if err := m.putBackend(id, values[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err != nil {
+		n = min(n, len(ids)-1)
+		return fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(values[n]), ids[n], err)
 	}
 	return nil
 }

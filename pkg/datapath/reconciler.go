@@ -40,6 +40,10 @@ type ops struct {
 	maglev  maglevBuilder
 	steps   []step
 	listed  map[netip.AddrPort]struct{}
+	// The backend entries of one service, written together.
+	beIDs    []uint32
+	beValues []bpf.L4xdsLbBackend
+	beAddrs  []netip.AddrPort
 
 	waitLogged bool
 }
@@ -235,15 +239,16 @@ func (o *ops) prepare(st *step) (err error) {
 	// weight: a backend left out of the loop below leaves it if the
 	// count of those in it differs.
 	changed := force || svc.table != tableWritten || svc.tableCount != uint32(d.usable)
+	ids, values, addrs := o.beIDs[:0], o.beValues[:0], o.beAddrs[:0]
 	for _, want := range d.backends {
 		be, err := o.reg.backend(svc, want.addr)
 		if err != nil {
 			return err
 		}
 		if force || !be.written || be.state != want.state {
-			if err := o.maps.putBackend(be.id, backendToBPF(svc.id, want.addr, want.state)); err != nil {
-				return err
-			}
+			ids = append(ids, be.id)
+			values = append(values, backendToBPF(svc.id, want.addr, want.state))
+			addrs = append(addrs, want.addr)
 			be.state, be.written = want.state, true
 		}
 		var weight uint16
@@ -255,6 +260,17 @@ func (o *ops) prepare(st *step) (err error) {
 			be.weight, changed = weight, true
 		}
 		svc.backends[want.addr] = be
+	}
+	o.beIDs, o.beValues, o.beAddrs = ids, values, addrs
+	if len(ids) > 0 {
+		if err := o.maps.putBackends(ids, values); err != nil {
+			for _, addr := range addrs {
+				be := svc.backends[addr]
+				be.written = false
+				svc.backends[addr] = be
+			}
+			return err
+		}
 	}
 	// Every listed backend is in svc.backends now: any more are no longer
 	// listed.
