@@ -254,20 +254,22 @@ var BackendByAddress = statedb.Index[*Backend, L3n4Addr]{
 	Unique:     false,
 }
 
-// BackendByServiceName indexes backends by the service they belong to.
-var BackendByServiceName = statedb.Index[*Backend, ServiceName]{
-	Name: "service",
-	FromObject: func(be *Backend) index.KeySet {
-		return index.NewKeySet(serviceNameKey(be.ServiceName))
+// backendsOfService queries the primary index for the rows of a service,
+// sorted by address then source: their keys start with its name and a NUL
+// (a name never holds one, so "db" does not match "db2"). A prefix of the
+// primary key spares the backends table a third index, and every backend
+// insert its upkeep.
+var backendsOfService = statedb.Index[*Backend, ServiceName]{
+	Name: BackendByID.Name,
+	FromKey: func(n ServiceName) index.Key {
+		return append([]byte(n), 0)
 	},
-	FromKey:    serviceNameKey,
-	FromString: index.FromString,
-	Unique:     false,
+	Unique: true,
 }
 
 // NewBackendsTable creates the backends table and registers it with db.
 func NewBackendsTable(db *statedb.DB) (statedb.RWTable[*Backend], error) {
-	return statedb.NewTable(db, BackendsTableName, BackendByID, BackendByAddress, BackendByServiceName)
+	return statedb.NewTable(db, BackendsTableName, BackendByID, BackendByAddress)
 }
 
 func (be *Backend) TableHeader() []string {

@@ -241,7 +241,7 @@ func (w *Writer) SetBackends(txn WriteTxn, name ServiceName, source Source, bes 
 	// the backends that are new or changed.
 	deleted := false
 	i, n := 0, 0
-	for old := range w.backends.List(txn, BackendByServiceName.Query(name)) {
+	for old := range w.backends.Prefix(txn, backendsOfService.Query(name)) {
 		if old.Source != source {
 			continue
 		}
@@ -329,7 +329,7 @@ func (w *Writer) serviceBackends(txn statedb.ReadTxn, name ServiceName) []*Backe
 	bes := w.svcBackends[:0]
 	// The index yields the rows sorted by their primary key: address, then
 	// source.
-	for be := range w.backends.List(txn, BackendByServiceName.Query(name)) {
+	for be := range w.backends.Prefix(txn, backendsOfService.Query(name)) {
 		if n := len(bes); n > 0 && bes[n-1].Address == be.Address {
 			continue
 		}

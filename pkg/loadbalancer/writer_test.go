@@ -639,7 +639,6 @@ func TestIndexFromString(t *testing.T) {
 		{FrontendsTableName, "service", "db", 2},
 		{BackendsTableName, "id", "db 192.168.1.10:3306 xds", 1},
 		{BackendsTableName, "address", "192.168.1.11:3306", 1},
-		{BackendsTableName, "service", "db", 2},
 		{ServicesTableName, "name", "db", 1},
 	}
 	for _, tt := range tests {
