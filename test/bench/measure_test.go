@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -32,14 +33,18 @@ type convergence struct {
 	mallocs uint64
 	// rss is the process's peak resident set (VmHWM) during the run.
 	rss int64
+	// cpu is the process's CPU time (user and system, agent and server)
+	// from SetResources to convergence: less sensitive than seconds to
+	// other work on the machine.
+	cpu float64
 }
 
 func (c convergence) String() string {
 	n, b := float64(c.shape.N), float64(c.shape.N*c.shape.M)
 	return fmt.Sprintf("BENCH convergence shape=%s protocol=%s maps=%s seconds=%.3f services_per_s=%.0f backends_per_s=%.0f "+
-		"heap_inuse_bytes_per_service=%.0f allocs_per_service=%.0f server_heap_bytes_per_service=%.0f rss_bytes=%d",
+		"heap_inuse_bytes_per_service=%.0f allocs_per_service=%.0f server_heap_bytes_per_service=%.0f rss_bytes=%d cpu_seconds=%.3f",
 		c.shape, c.protocol, mapsKind(), c.seconds, n/c.seconds, b/c.seconds,
-		float64(c.agentHeap)/n, float64(c.mallocs)/n, float64(c.serverHeap)/n, c.rss)
+		float64(c.agentHeap)/n, float64(c.mallocs)/n, float64(c.serverHeap)/n, c.rss, c.cpu)
 }
 
 // liveHeap is the heap in use by reachable objects, after a collection.
@@ -64,6 +69,7 @@ func measureConvergence(tb testing.TB, s shape, protocol string) convergence {
 	clusters, clas := resources(s)
 
 	heapBefore, before := liveHeap()
+	cpuBefore := cpuTime(tb)
 	start := time.Now()
 	srv.set(clusters, clas)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -72,6 +78,7 @@ func measureConvergence(tb testing.TB, s shape, protocol string) convergence {
 	if err != nil {
 		tb.Fatalf("%s %s: %v", s, protocol, err)
 	}
+	cpu := cpuTime(tb) - cpuBefore
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	heapConverged, _ := liveHeap()
@@ -91,7 +98,17 @@ func measureConvergence(tb testing.TB, s shape, protocol string) convergence {
 		serverHeap: heapServer - heapBefore,
 		mallocs:    after.Mallocs - before.Mallocs,
 		rss:        rss,
+		cpu:        cpu.Seconds(),
 	}
+}
+
+// cpuTime is the CPU time the process has used, user and system.
+func cpuTime(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // updates is what an update-latency run measured.
