@@ -79,8 +79,16 @@ type service struct {
 	tableCount uint32
 	// backends are the service's l4xds_backends entries by address.
 	backends map[netip.AddrPort]backend
-	// ranges are its l4xds_srcrange entries.
+	// ranges are its l4xds_srcrange entries; nil for none, as most
+	// services have none.
 	ranges map[netip.Prefix]struct{}
+}
+
+func (svc *service) addRange(p netip.Prefix) {
+	if svc.ranges == nil {
+		svc.ranges = map[netip.Prefix]struct{}{}
+	}
+	svc.ranges[p] = struct{}{}
 }
 
 type tableState uint8
@@ -150,7 +158,6 @@ func (r *registry) add(id uint32, fe lb.L3n4Addr, key bpf.L4xdsLbSvcKey) *servic
 		frontend: fe,
 		key:      key,
 		backends: map[netip.AddrPort]backend{},
-		ranges:   map[netip.Prefix]struct{}{},
 	}
 	r.services[fe] = svc
 	r.byID[id] = svc
@@ -238,6 +245,6 @@ func (r *registry) restoreSourceRange(k bpf.L4xdsLbSrcRangeKey) error {
 	if !ok {
 		return fmt.Errorf("source range %s: service %d does not exist", p, k.SvcId)
 	}
-	svc.ranges[p] = struct{}{}
+	svc.addRange(p)
 	return nil
 }

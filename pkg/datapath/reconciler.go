@@ -317,7 +317,7 @@ func (o *ops) finish(st *step) error {
 			if err := o.maps.putSourceRange(svc.id, p); err != nil {
 				return err
 			}
-			svc.ranges[p] = struct{}{}
+			svc.addRange(p)
 		}
 	}
 
