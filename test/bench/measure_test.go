@@ -3,14 +3,13 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -45,6 +44,22 @@ func (c convergence) String() string {
 		"heap_inuse_bytes_per_service=%.0f allocs_per_service=%.0f server_heap_bytes_per_service=%.0f rss_bytes=%d cpu_seconds=%.3f",
 		c.shape, c.protocol, mapsKind(), c.seconds, n/c.seconds, b/c.seconds,
 		float64(c.agentHeap)/n, float64(c.mallocs)/n, float64(c.serverHeap)/n, c.rss, c.cpu)
+}
+
+// settledHeap is the live heap once it stops shrinking: the goroutines of
+// a stopped agent (its streams, the server's side of them) take a moment
+// to end and let go of what they hold.
+func settledHeap() int64 {
+	heap, _ := liveHeap()
+	for range 50 {
+		time.Sleep(100 * time.Millisecond)
+		next, _ := liveHeap()
+		if heap-next < heap/200 {
+			return next
+		}
+		heap = next
+	}
+	return heap
 }
 
 // liveHeap is the heap in use by reachable objects, after a collection.
@@ -82,14 +97,18 @@ func measureConvergence(tb testing.TB, s shape, protocol string) convergence {
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	heapConverged, _ := liveHeap()
+	if path := os.Getenv("L4XDS_BENCH_HEAP_PROFILE"); path != "" {
+		// The heap at convergence, for go tool pprof -sample_index=inuse_space.
+		writeHeapProfile(tb, fmt.Sprintf("%s.%s.%s", path, s, protocol))
+	}
 	if err := a.checkMaps(s); err != nil {
 		tb.Fatalf("%s %s: converged, but %v", s, protocol, err)
 	}
-	rss := peakRSS(tb)
+	rss := procStatus(tb, os.Getpid(), "VmHWM")
 
 	a.stop()
 	a = nil
-	heapServer, _ := liveHeap()
+	heapServer := settledHeap()
 	return convergence{
 		shape:      s,
 		protocol:   protocol,
@@ -182,23 +201,13 @@ func resetPeakRSS() {
 	os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
 }
 
-// peakRSS is VmHWM of /proc/self/status, in bytes.
-func peakRSS(tb testing.TB) int64 {
-	f, err := os.Open("/proc/self/status")
+func writeHeapProfile(tb testing.TB, path string) {
+	f, err := os.Create(path)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			if err != nil {
-				tb.Fatalf("VmHWM %q: %v", rest, err)
-			}
-			return kb << 10
-		}
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		tb.Fatal(err)
 	}
-	tb.Fatal("no VmHWM in /proc/self/status")
-	return 0
 }
