@@ -59,9 +59,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } l4xds_backends SEC(".maps");
 
-/* Maglev tables: service id -> array of maglev_size backend ids. The agent
- * builds a new inner array and swaps it in, so a packet sees either the old
- * table or the new one. */
+/* Maglev tables: service id -> array of maglev_size backend ids. A new
+ * service's table is made and inserted whole; an existing one is rewritten
+ * in place, its new backends written before and its old ones deleted after,
+ * so every slot a packet reads names a live backend of the service. */
 struct lb_maglev_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1021); /* replaced by the loader with maglev_size */
