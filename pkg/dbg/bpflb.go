@@ -27,26 +27,18 @@ func lbListCommand(bpfRoot *string) *cobra.Command {
 		Example: "  l4xds-dbg bpf lb list\n  l4xds-dbg bpf lb list --bpf-root /mnt/bpf -o json",
 		Args:    cobra.NoArgs,
 	}
-	output := outputFlag(cmd)
-	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if err := checkOutput(*output); err != nil {
-			return err
-		}
+	showOutput(cmd, func(*cobra.Command) (lbList, error) {
 		m, err := openMaps(*bpfRoot)
 		if err != nil {
-			return err
+			return lbList{}, err
 		}
 		defer m.Close()
 		in, err := readLB(m)
 		if err != nil {
-			return err
+			return lbList{}, err
 		}
-		list := newLBList(in)
-		if *output == "json" {
-			return writeJSON(cmd.OutOrStdout(), list)
-		}
-		return printLBList(cmd.OutOrStdout(), list)
-	}
+		return newLBList(in), nil
+	}, printLBList)
 	return cmd
 }
 

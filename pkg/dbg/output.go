@@ -24,6 +24,25 @@ func checkOutput(o string) error {
 	return nil
 }
 
+// showOutput adds -o to cmd and makes it print what read returns: as a
+// table with print, or as JSON.
+func showOutput[V any](cmd *cobra.Command, read func(cmd *cobra.Command) (V, error), print func(io.Writer, V) error) {
+	output := outputFlag(cmd)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if err := checkOutput(*output); err != nil {
+			return err
+		}
+		v, err := read(cmd)
+		if err != nil {
+			return err
+		}
+		if *output == "json" {
+			return writeJSON(cmd.OutOrStdout(), v)
+		}
+		return print(cmd.OutOrStdout(), v)
+	}
+}
+
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

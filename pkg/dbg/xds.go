@@ -22,27 +22,16 @@ func xdsCommand(client func() *api.Client) *cobra.Command {
 		Short: "Server, connection state, per-type versions, and every resource's version, state and last NACK error",
 		Args:  cobra.NoArgs,
 	}
-	output := outputFlag(status)
-	status.RunE = func(cmd *cobra.Command, args []string) error {
-		if err := checkOutput(*output); err != nil {
-			return err
-		}
+	showOutput(status, func(cmd *cobra.Command) (xdsView, error) {
 		ctx, cancel := context.WithTimeout(cmd.Context(), requestTimeout)
 		defer cancel()
 		c := client()
 		settings, err := c.Config(ctx)
 		if err != nil {
-			return err
+			return xdsView{}, err
 		}
-		v, err := readXDS(ctx, c, settings)
-		if err != nil {
-			return err
-		}
-		if *output == "json" {
-			return writeJSON(cmd.OutOrStdout(), v)
-		}
-		return printXDS(cmd.OutOrStdout(), v, time.Now())
-	}
+		return readXDS(ctx, c, settings)
+	}, func(w io.Writer, v xdsView) error { return printXDS(w, v, time.Now()) })
 	cmd.AddCommand(status)
 	return cmd
 }
