@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"iter"
 	"net/netip"
 	"slices"
 	"strings"
@@ -28,33 +29,13 @@ func ctListCommand(bpfRoot *string) *cobra.Command {
 		Example: "  l4xds-dbg bpf ct list\n  l4xds-dbg bpf ct list -o json",
 		Args:    cobra.NoArgs,
 	}
-	output := outputFlag(cmd)
-	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if err := checkOutput(*output); err != nil {
-			return err
-		}
-		flows, backends, err := openFlows(*bpfRoot)
+	showOutput(cmd, func(*cobra.Command) (ctList, error) {
+		entries, info, now, err := readFlows(*bpfRoot, (*datapath.Flows).Conntrack)
 		if err != nil {
-			return err
+			return ctList{}, err
 		}
-		defer flows.Close()
-		var entries []datapath.CTEntry
-		for e, err := range flows.Conntrack() {
-			if err != nil {
-				return err
-			}
-			entries = append(entries, e)
-		}
-		now, err := datapath.Ktime()
-		if err != nil {
-			return err
-		}
-		list := newCTList(entries, backends, now)
-		if *output == "json" {
-			return writeJSON(cmd.OutOrStdout(), list)
-		}
-		return printCTList(cmd.OutOrStdout(), list)
-	}
+		return newCTList(entries, info, now), nil
+	}, printCTList)
 	return cmd
 }
 
@@ -86,6 +67,25 @@ func openFlows(bpfRoot string) (*datapath.Flows, pinnedInfo, error) {
 	}
 	flows, err := datapath.OpenPinnedFlows(bpfRoot)
 	return flows, info, err
+}
+
+// readFlows reads the entries of one of the pinned flow maps, the services
+// and backends they name, and the kernel's clock their lifetimes count on.
+func readFlows[E any](bpfRoot string, entriesOf func(*datapath.Flows) iter.Seq2[E, error]) ([]E, pinnedInfo, time.Duration, error) {
+	flows, info, err := openFlows(bpfRoot)
+	if err != nil {
+		return nil, info, 0, err
+	}
+	defer flows.Close()
+	var entries []E
+	for e, err := range entriesOf(flows) {
+		if err != nil {
+			return nil, info, 0, err
+		}
+		entries = append(entries, e)
+	}
+	now, err := datapath.Ktime()
+	return entries, info, now, err
 }
 
 // ctList is what `bpf ct list` prints.
@@ -197,33 +197,13 @@ func affinityListCommand(bpfRoot *string) *cobra.Command {
 			"its last new flow. Reads the map directly: works while the agent is down.",
 		Args: cobra.NoArgs,
 	}
-	output := outputFlag(cmd)
-	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if err := checkOutput(*output); err != nil {
-			return err
-		}
-		flows, info, err := openFlows(*bpfRoot)
+	showOutput(cmd, func(*cobra.Command) ([]affinityEntry, error) {
+		entries, info, now, err := readFlows(*bpfRoot, (*datapath.Flows).Affinity)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		defer flows.Close()
-		var entries []datapath.AffinityEntry
-		for e, err := range flows.Affinity() {
-			if err != nil {
-				return err
-			}
-			entries = append(entries, e)
-		}
-		now, err := datapath.Ktime()
-		if err != nil {
-			return err
-		}
-		list := newAffinityList(entries, info, now)
-		if *output == "json" {
-			return writeJSON(cmd.OutOrStdout(), list)
-		}
-		return printAffinityList(cmd.OutOrStdout(), list)
-	}
+		return newAffinityList(entries, info, now), nil
+	}, printAffinityList)
 	return cmd
 }
 
