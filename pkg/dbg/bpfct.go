@@ -162,15 +162,11 @@ func printCTList(w io.Writer, list ctList) error {
 	t := newTable(w)
 	t.row("Proto", "Client", "Frontend", "Backend", "Service", "Dir", "Flags", "Expires")
 	for _, f := range list.Entries {
-		backend := fmt.Sprintf("%s (id %d)", f.Backend, f.BackendID)
-		if f.Backend == "" {
-			backend = fmt.Sprintf("id %d, not in the map", f.BackendID)
-		}
 		flags := strings.Join(f.Flags, ",")
 		if flags == "" {
 			flags = "-"
 		}
-		t.row(f.Protocol, f.Client, f.Frontend, backend, fmt.Sprint(f.ServiceID), f.Direction, flags, expires(f.remaining))
+		t.row(f.Protocol, f.Client, f.Frontend, backendCell(f.Backend, f.BackendID), fmt.Sprint(f.ServiceID), f.Direction, flags, expires(f.remaining))
 	}
 	if err := t.flush(); err != nil {
 		return err
@@ -178,6 +174,15 @@ func printCTList(w io.Writer, list ctList) error {
 	_, err := fmt.Fprintf(w, "%s: %d forward, %d reply, %d expired\n",
 		plural(len(list.Entries), "entry", "entries"), list.Forward, list.Reply, list.Expired)
 	return err
+}
+
+// backendCell is "10.0.0.1:80 (id 3)", or says the backend ID is not in the
+// backends map any more.
+func backendCell(address string, id uint32) string {
+	if address == "" {
+		return fmt.Sprintf("id %d, not in the map", id)
+	}
+	return fmt.Sprintf("%s (id %d)", address, id)
 }
 
 // expires is "in 5h59m" or "expired 3s ago".
@@ -256,11 +261,7 @@ func printAffinityList(w io.Writer, list []affinityEntry) error {
 		if a.Frontend != "" {
 			svc = fmt.Sprintf("%d (%s)", a.ServiceID, a.Frontend)
 		}
-		backend := fmt.Sprintf("%s (id %d)", a.Backend, a.BackendID)
-		if a.Backend == "" {
-			backend = fmt.Sprintf("id %d, not in the map", a.BackendID)
-		}
-		t.row(a.Client, svc, backend, expires(a.remaining))
+		t.row(a.Client, svc, backendCell(a.Backend, a.BackendID), expires(a.remaining))
 	}
 	if err := t.flush(); err != nil {
 		return err
