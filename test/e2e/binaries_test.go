@@ -106,6 +106,48 @@ func start(t *testing.T, bin string, args ...string) *proc {
 	return p
 }
 
+// cfpServer is the CFP example for l4xds-control-plane to serve over mTLS:
+// the certificates it made and the resources file it watches.
+type cfpServer struct {
+	certs, resources string
+	// cfp is the example as the resources file first holds it.
+	cfp []byte
+}
+
+// writeCFP makes the certificates and writes the CFP example's resources
+// into dir.
+func writeCFP(t *testing.T, bin, dir string) cfpServer {
+	t.Helper()
+	s := cfpServer{certs: filepath.Join(dir, "certs"), resources: filepath.Join(dir, "resources.yaml")}
+	if out, err := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "certs", "--out", s.certs).CombinedOutput(); err != nil {
+		t.Fatalf("certs: %v\n%s", err, out)
+	}
+	var err error
+	if s.cfp, err = os.ReadFile("../../examples/cfp.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.resources, s.cfp, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// serveArgs are l4xds-control-plane's arguments to serve the resources on
+// addr to clients with a certificate of the CA.
+func (s cfpServer) serveArgs(addr string) []string {
+	return []string{"serve", "--resources", s.resources, "--listen", addr,
+		"--cert", filepath.Join(s.certs, "server.crt"), "--key", filepath.Join(s.certs, "server.key"),
+		"--client-ca", filepath.Join(s.certs, "ca.crt")}
+}
+
+// xdsArgs are the agent's flags to connect to the server on addr.
+func (s cfpServer) xdsArgs(addr string) []string {
+	return []string{"--enable-xds-control-plane", "--xds-server-address", addr, "--xds-server-name", "localhost",
+		"--xds-client-cert-path", filepath.Join(s.certs, "client.crt"),
+		"--xds-client-key-path", filepath.Join(s.certs, "client.key"),
+		"--xds-ca-cert-path", filepath.Join(s.certs, "ca.crt")}
+}
+
 // eventually runs l4xds-dbg with args until its output satisfies ok.
 func eventually(t *testing.T, dbg, socket string, args []string, what string, ok func(string) bool) string {
 	t.Helper()
@@ -145,24 +187,10 @@ func containsAll(s string, subs []string) bool {
 func TestBinariesServeTheCFPExampleOverMTLS(t *testing.T) {
 	bin := binDir(t)
 	dir := t.TempDir()
-	certs := filepath.Join(dir, "certs")
-	if out, err := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "certs", "--out", certs).CombinedOutput(); err != nil {
-		t.Fatalf("certs: %v\n%s", err, out)
-	}
-	cfp, err := os.ReadFile("../../examples/cfp.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resources := filepath.Join(dir, "resources.yaml")
-	if err := os.WriteFile(resources, cfp, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	example := writeCFP(t, bin, dir)
 
 	addr := freePort(t)
-	start(t, filepath.Join(bin, "l4xds-control-plane"), "serve",
-		"--resources", resources, "--listen", addr,
-		"--cert", filepath.Join(certs, "server.crt"), "--key", filepath.Join(certs, "server.key"),
-		"--client-ca", filepath.Join(certs, "ca.crt"))
+	start(t, filepath.Join(bin, "l4xds-control-plane"), example.serveArgs(addr)...)
 
 	// The agent reads the CFP's configuration block verbatim.
 	config := filepath.Join(dir, "l4xds.yaml")
@@ -172,11 +200,11 @@ func TestBinariesServeTheCFPExampleOverMTLS(t *testing.T) {
   # Address of the external xDS management server
   server-address: "`+addr+`"
   # Optional: Path to a client certificate for mTLS authentication
-  client-cert-path: "`+filepath.Join(certs, "client.crt")+`"
+  client-cert-path: "`+filepath.Join(example.certs, "client.crt")+`"
   # Optional: Path to a client key for mTLS authentication
-  client-key-path: "`+filepath.Join(certs, "client.key")+`"
+  client-key-path: "`+filepath.Join(example.certs, "client.key")+`"
   # Optional: Path to the CA certificate for verifying the xDS server
-  ca-cert-path: "`+filepath.Join(certs, "ca.crt")+`"
+  ca-cert-path: "`+filepath.Join(example.certs, "ca.crt")+`"
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -194,20 +222,20 @@ func TestBinariesServeTheCFPExampleOverMTLS(t *testing.T) {
 	watchFrontends(t, dbg, socket, "10.1.2.3:3306/TCP")
 
 	// Edit the file: a third backend, the first one draining.
-	edited := strings.Replace(string(cfp),
+	edited := strings.Replace(string(example.cfp),
 		"socket_address: { address: 192.168.1.11, port_value: 3306 }",
 		"socket_address: { address: 192.168.1.11, port_value: 3306 }\n"+
 			"    - endpoint:\n        address:\n          socket_address: { address: 192.168.1.12, port_value: 3306 }", 1)
-	if edited == string(cfp) {
+	if edited == string(example.cfp) {
 		t.Fatal("examples/cfp.yaml changed: the edit no longer applies")
 	}
-	if err := os.WriteFile(resources, []byte(edited), 0o644); err != nil {
+	if err := os.WriteFile(example.resources, []byte(edited), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	shows(t, dbg, socket, []string{"statedb", "backends"}, "192.168.1.12:3306")
 
 	// Remove the cluster: its rows go.
-	if err := os.WriteFile(resources, []byte("# nothing served\n"), 0o644); err != nil {
+	if err := os.WriteFile(example.resources, []byte("# nothing served\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, dbg, socket, []string{"statedb", "frontends"}, "no 10.1.2.3 frontend", func(out string) bool {

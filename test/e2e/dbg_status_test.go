@@ -63,26 +63,12 @@ func waitDbg(t *testing.T, what, dbg string, args []string, ok func(dbgRun) bool
 func TestBinariesDbgStatusIsAProbe(t *testing.T) {
 	bin := binDir(t)
 	dir := t.TempDir()
-	certs := filepath.Join(dir, "certs")
-	if out, err := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "certs", "--out", certs).CombinedOutput(); err != nil {
-		t.Fatalf("certs: %v\n%s", err, out)
-	}
-	cfp, err := os.ReadFile("../../examples/cfp.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resources := filepath.Join(dir, "resources.yaml")
-	if err := os.WriteFile(resources, cfp, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	example := writeCFP(t, bin, dir)
 
 	// The control plane is the test's own process: the test stops it.
 	addr := freePort(t)
 	var cpOut syncBuffer
-	cp := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "serve",
-		"--resources", resources, "--listen", addr,
-		"--cert", filepath.Join(certs, "server.crt"), "--key", filepath.Join(certs, "server.key"),
-		"--client-ca", filepath.Join(certs, "ca.crt"))
+	cp := exec.Command(filepath.Join(bin, "l4xds-control-plane"), example.serveArgs(addr)...)
 	cp.Stdout, cp.Stderr = &cpOut, &cpOut
 	if err := cp.Start(); err != nil {
 		t.Fatal(err)
@@ -106,11 +92,8 @@ func TestBinariesDbgStatusIsAProbe(t *testing.T) {
 	})
 
 	socket := filepath.Join(dir, "agent.sock")
-	start(t, filepath.Join(bin, "l4xds-agent"), "--api-socket", socket, "--datapath", "none",
-		"--enable-xds-control-plane", "--xds-server-address", addr, "--xds-server-name", "localhost",
-		"--xds-client-cert-path", filepath.Join(certs, "client.crt"),
-		"--xds-client-key-path", filepath.Join(certs, "client.key"),
-		"--xds-ca-cert-path", filepath.Join(certs, "ca.crt"))
+	start(t, filepath.Join(bin, "l4xds-agent"), append([]string{"--api-socket", socket, "--datapath", "none"},
+		example.xdsArgs(addr)...)...)
 	dbg := filepath.Join(bin, "l4xds-dbg")
 	status := []string{"--socket", socket, "status"}
 

@@ -272,32 +272,14 @@ func TestBinariesMetricsAreOffByDefault(t *testing.T) {
 func TestBinariesMetricsOfTheXDSClient(t *testing.T) {
 	bin := binDir(t)
 	dir := t.TempDir()
-	certs := filepath.Join(dir, "certs")
-	if out, err := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "certs", "--out", certs).CombinedOutput(); err != nil {
-		t.Fatalf("certs: %v\n%s", err, out)
-	}
-	cfp, err := os.ReadFile("../../examples/cfp.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resources := filepath.Join(dir, "resources.yaml")
-	if err := os.WriteFile(resources, cfp, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	example := writeCFP(t, bin, dir)
 	cpAddr := freePort(t)
-	cp := startStoppable(t, filepath.Join(bin, "l4xds-control-plane"), "serve",
-		"--resources", resources, "--listen", cpAddr,
-		"--cert", filepath.Join(certs, "server.crt"), "--key", filepath.Join(certs, "server.key"),
-		"--client-ca", filepath.Join(certs, "ca.crt"))
+	server := startStoppable(t, filepath.Join(bin, "l4xds-control-plane"), example.serveArgs(cpAddr)...)
 
 	metricsAddr := freePort(t)
 	socket := filepath.Join(dir, "agent.sock")
-	agent := start(t, filepath.Join(bin, "l4xds-agent"), "--api-socket", socket, "--datapath", "none",
-		"--prometheus-serve-addr", metricsAddr,
-		"--enable-xds-control-plane", "--xds-server-address", cpAddr, "--xds-server-name", "localhost",
-		"--xds-client-cert-path", filepath.Join(certs, "client.crt"),
-		"--xds-client-key-path", filepath.Join(certs, "client.key"),
-		"--xds-ca-cert-path", filepath.Join(certs, "ca.crt"))
+	agent := start(t, filepath.Join(bin, "l4xds-agent"), append([]string{"--api-socket", socket, "--datapath", "none",
+		"--prometheus-serve-addr", metricsAddr}, example.xdsArgs(cpAddr)...)...)
 	client := &http.Client{Timeout: 10 * time.Second}
 
 	synced := waitMetrics(t, client, metricsAddr, "the CFP example acked", func(m metricFamilies) bool {
@@ -337,7 +319,7 @@ func TestBinariesMetricsOfTheXDSClient(t *testing.T) {
 	}
 
 	// A malformed l4lb cluster is counted invalid and NACKed alone.
-	bad := string(cfp) + `---
+	bad := string(example.cfp) + `---
 resource:
   '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
   name: broken
@@ -346,7 +328,7 @@ resource:
       io.cilium.l4lb: { vip: "10.1.2.4", port: 70000, protocol: TCP }
   type: EDS
 `
-	if err := os.WriteFile(resources, []byte(bad), 0o644); err != nil {
+	if err := os.WriteFile(example.resources, []byte(bad), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	nacked := waitMetrics(t, client, metricsAddr, "the malformed cluster counted invalid", func(m metricFamilies) bool {
@@ -359,7 +341,7 @@ resource:
 
 	// The control plane dies: the stream had responses, the reconnect
 	// attempts fail.
-	cp.kill()
+	server.kill()
 	down := waitMetrics(t, client, metricsAddr, "the control plane gone", func(m metricFamilies) bool {
 		return m.get("l4xds_xds_client_connected") == 0 && m.get("l4xds_xds_client_server_failure_total") >= 1
 	}, xdsMetrics...)
