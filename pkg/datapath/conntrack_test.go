@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/statedb"
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
@@ -107,16 +106,7 @@ func TestPrivilegedConntrackReadsTheEntriesOfAFlow(t *testing.T) {
 	root := bpffs(t)
 	dp := load(t, testConfig(root))
 	defer dp.Close()
-	db := statedb.New()
-	w, err := lb.NewWriter(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log, _ := testLogger(t)
-	o := newOps(log, db, w.Frontends(), 1021)
-	if err := o.restore(dp.Maps); err != nil {
-		t.Fatal(err)
-	}
+	o, db := restoredOps(t, dp)
 	f := &lb.Frontend{
 		FrontendParams: lb.FrontendParams{Address: fe("10.1.2.3:3306/TCP")},
 		Service:        &lb.Service{Name: "db", SessionAffinity: true, SessionAffinityTimeout: time.Minute},

@@ -371,10 +371,10 @@ func writeEntry(t *testing.T, root, name string, key, value any) {
 	}
 }
 
-func TestPrivilegedUpdateErrorsNameTheFrontendAndTheMap(t *testing.T) {
-	needRoot(t)
-	dp := load(t, testConfig(bpffs(t)))
-	defer dp.Close()
+// restoredOps are the reconciler's operations on dp's maps, restored as at
+// the agent's start, over a database of their own.
+func restoredOps(t *testing.T, dp *Datapath) (*ops, *statedb.DB) {
+	t.Helper()
 	db := statedb.New()
 	w, err := lb.NewWriter(db)
 	if err != nil {
@@ -385,9 +385,17 @@ func TestPrivilegedUpdateErrorsNameTheFrontendAndTheMap(t *testing.T) {
 	if err := o.restore(dp.Maps); err != nil {
 		t.Fatal(err)
 	}
+	return o, db
+}
+
+func TestPrivilegedUpdateErrorsNameTheFrontendAndTheMap(t *testing.T) {
+	needRoot(t)
+	dp := load(t, testConfig(bpffs(t)))
+	defer dp.Close()
+	o, db := restoredOps(t, dp)
 	f := &lb.Frontend{FrontendParams: lb.FrontendParams{Address: fe("10.1.2.3:3306/TCP")}, Backends: []*lb.Backend{be("192.168.1.10:3306")}}
 	dp.Maps.backends.Close() // every write to l4xds_backends fails
-	err = o.Update(context.Background(), db.ReadTxn(), 1, f)
+	err := o.Update(context.Background(), db.ReadTxn(), 1, f)
 	want := "frontend 10.1.2.3:3306/TCP: write l4xds_backends: backend 192.168.1.10:3306 (id 1): "
 	if err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("error %v, want it to start with %q", err, want)
@@ -404,16 +412,7 @@ func TestPrivilegedANewServiceIDStartsWithZeroCounters(t *testing.T) {
 	if err := dp.Maps.stats.Put(uint32(1), stale); err != nil {
 		t.Fatal(err)
 	}
-	db := statedb.New()
-	w, err := lb.NewWriter(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log, _ := testLogger(t)
-	o := newOps(log, db, w.Frontends(), 1021)
-	if err := o.restore(dp.Maps); err != nil {
-		t.Fatal(err)
-	}
+	o, db := restoredOps(t, dp)
 	f := &lb.Frontend{FrontendParams: lb.FrontendParams{Address: fe("10.1.2.3:3306/TCP")}, Backends: []*lb.Backend{be("192.168.1.10:3306")}}
 	if err := o.Update(context.Background(), db.ReadTxn(), 1, f); err != nil {
 		t.Fatal(err)
