@@ -3,22 +3,17 @@
 package datapath
 
 import (
-	"context"
 	"errors"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/job"
-	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
-	"github.com/l4xds/l4xds/pkg/health"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
 )
 
@@ -27,32 +22,7 @@ import (
 func startAgentWithRegistry(t *testing.T, cfg Config, hooks Hooks) (*agent, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
-	a := &agent{}
-	log, logs := testLogger(t)
-	a.logs = logs
-	a.h = hive.New(
-		job.Cell,
-		statedb.Cell,
-		health.Cell,
-		lb.Cell,
-		cell.Module("datapath", "Datapath under test",
-			cell.Provide(
-				func() Config { return cfg },
-				func() Hooks { return hooks },
-				func() prometheus.Registerer { return reg },
-			),
-			cell.Invoke(func(p params, w *lb.Writer) (err error) {
-				a.w, a.db = w, p.DB
-				a.done = w.RegisterInitializer("test")
-				a.r, err = register(p)
-				return err
-			}),
-		),
-	)
-	if err := a.h.Start(log, context.Background()); err != nil {
-		t.Fatalf("start: %v", err)
-	}
-	t.Cleanup(func() { a.stop(t) })
+	a := startAgentWith(t, cfg, hooks, cell.Provide(func() prometheus.Registerer { return reg }))
 	return a, reg
 }
 

@@ -40,7 +40,9 @@ func startAgent(t *testing.T, cfg Config) *agent {
 	return startAgentWith(t, cfg, Hooks{})
 }
 
-func startAgentWith(t *testing.T, cfg Config, hooks Hooks) *agent {
+// startAgentWith starts the datapath in a hive of its own; cells join its
+// module (a metrics registry, say).
+func startAgentWith(t *testing.T, cfg Config, hooks Hooks, cells ...cell.Cell) *agent {
 	t.Helper()
 	a := &agent{}
 	log, logs := testLogger(t)
@@ -50,7 +52,7 @@ func startAgentWith(t *testing.T, cfg Config, hooks Hooks) *agent {
 		statedb.Cell,
 		health.Cell,
 		lb.Cell,
-		cell.Module("datapath", "Datapath under test",
+		cell.Module("datapath", "Datapath under test", append([]cell.Cell{
 			cell.Provide(func() Config { return cfg }, func() Hooks { return hooks }),
 			cell.Invoke(func(p params, w *lb.Writer) (err error) {
 				a.w, a.db = w, p.DB
@@ -58,7 +60,7 @@ func startAgentWith(t *testing.T, cfg Config, hooks Hooks) *agent {
 				a.r, err = register(p)
 				return err
 			}),
-		),
+		}, cells...)...),
 	)
 	if err := a.h.Start(log, context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
