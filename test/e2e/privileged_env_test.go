@@ -79,26 +79,6 @@ func ownTopology(t *testing.T, create func(prefix string) (*netns.Topology, erro
 	return topo
 }
 
-// mountBPFFS mounts a bpffs on a new temporary directory, in the root mount
-// namespace (ip netns exec remounts only /sys, so the agent sees this one,
-// and its pins survive an agent restart). Unmounted when the test ends.
-func mountBPFFS(t *testing.T) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "bpffs")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("bpf", dir, "bpf", 0, ""); err != nil {
-		t.Fatalf("mount -t bpf bpf %s: %v", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
-
 // startServers runs l4xds-traffic serve in every backend namespace, named
 // by backendName, and waits until they listen.
 func startServers(t *testing.T, bin string, topo *netns.Topology) {
@@ -238,7 +218,7 @@ func newLBEnvOn(t *testing.T, create func(prefix string) (*netns.Topology, error
 	t.Helper()
 	bin := needsPrivileges(t)
 	e := &lbEnv{top: t, bin: bin, dir: t.TempDir()}
-	e.bpfRoot = mountBPFFS(t)
+	e.bpfRoot = netns.MountBPFFS(t)
 	e.topo = ownTopology(t, create)
 	startServers(t, bin, e.topo)
 

@@ -103,14 +103,7 @@ func newEnv(b *testing.B) *env {
 			b.Errorf("deleting the topology: %v", err)
 		}
 	})
-	e.bpfRoot = filepath.Join(e.dir, "bpffs")
-	if err := os.Mkdir(e.bpfRoot, 0o700); err != nil {
-		b.Fatal(err)
-	}
-	if err := syscall.Mount("bpf", e.bpfRoot, "bpf", 0, ""); err != nil {
-		b.Fatalf("mount -t bpf bpf %s: %v", e.bpfRoot, err)
-	}
-	b.Cleanup(func() { syscall.Unmount(e.bpfRoot, syscall.MNT_DETACH) })
+	e.bpfRoot = netns.MountBPFFS(b)
 
 	for i, be := range topo.Backends {
 		p := e.start(be.NS, backendCPU, "l4xds-traffic", "serve", "--name", backendName(i),
