@@ -46,11 +46,7 @@ func RemoteTable[Obj any](c *Client, table string) *statedb.RemoteTable[Obj] {
 // Shell runs one shell command line in the agent and copies its output to
 // out as it comes.
 func (c *Client) Shell(ctx context.Context, line string, out io.Writer) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL.JoinPath("shell").String(), strings.NewReader(line))
-	if err != nil {
-		return err
-	}
-	resp, err := c.do(req)
+	resp, err := c.do(ctx, http.MethodPost, "shell", strings.NewReader(line))
 	if err != nil {
 		return err
 	}
@@ -71,11 +67,7 @@ func (c *Client) Shell(ctx context.Context, line string, out io.Writer) error {
 // Health returns the agent's health report.
 func (c *Client) Health(ctx context.Context) (HealthReport, error) {
 	var rep HealthReport
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL.JoinPath("healthz").String(), nil)
-	if err != nil {
-		return rep, err
-	}
-	resp, err := c.do(req)
+	resp, err := c.do(ctx, http.MethodGet, "healthz", nil)
 	if err != nil {
 		return rep, err
 	}
@@ -110,11 +102,7 @@ func (c *Client) Table(ctx context.Context, table string, rows any) error {
 }
 
 func (c *Client) getJSON(ctx context.Context, path string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL.JoinPath(path).String(), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.do(req)
+	resp, err := c.do(ctx, http.MethodGet, path, nil)
 	if err != nil {
 		return err
 	}
@@ -129,7 +117,12 @@ func (c *Client) getJSON(ctx context.Context, path string, v any) error {
 	return nil
 }
 
-func (c *Client) do(req *http.Request) (*http.Response, error) {
+// do sends a request to the agent's API at path.
+func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, baseURL.JoinPath(path).String(), body)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("agent API at %s: %w (is l4xds-agent running? see --socket)", c.Socket, err)
