@@ -42,8 +42,9 @@ type Controller struct {
 	mu sync.Mutex
 	// clusters are the accepted l4lb clusters by name.
 	clusters map[string]*ServiceSpec
-	// users are the clusters of each EDS name.
-	users map[string]map[string]struct{}
+	// users are the clusters of each EDS name, in no order. Nearly always
+	// one: a slice, not a set, costs a tenth of a small map per service.
+	users map[string][]string
 	// clas are the last accepted ClusterLoadAssignments of the requested
 	// names, translated, so that a cluster switching to a CLA another
 	// cluster already uses gets its backends at once. A name no longer
@@ -67,7 +68,7 @@ func NewController(w *loadbalancer.Writer, names NameSetter) *Controller {
 		writer:   w,
 		names:    names,
 		clusters: map[string]*ServiceSpec{},
-		users:    map[string]map[string]struct{}{},
+		users:    map[string][]string{},
 		clas:     map[string][]loadbalancer.BackendParams{},
 		done:     w.RegisterInitializer(InitializerName),
 		sawEDS:   map[string]struct{}{},
@@ -171,10 +172,7 @@ func (c *Controller) upsertCluster(txn loadbalancer.WriteTxn, r xds.Resource) er
 		c.removeUser(prev.EDSName, r.Name)
 	}
 	if spec.EDSName != "" {
-		if c.users[spec.EDSName] == nil {
-			c.users[spec.EDSName] = map[string]struct{}{}
-		}
-		c.users[spec.EDSName][r.Name] = struct{}{}
+		c.users[spec.EDSName] = append(c.users[spec.EDSName], r.Name)
 	}
 	c.clusters[r.Name] = spec
 	return nil
@@ -201,9 +199,11 @@ func (c *Controller) removeUser(edsName, cluster string) {
 	if edsName == "" {
 		return
 	}
-	delete(c.users[edsName], cluster)
-	if len(c.users[edsName]) == 0 {
+	users := slices.DeleteFunc(c.users[edsName], func(n string) bool { return n == cluster })
+	if len(users) == 0 {
 		delete(c.users, edsName)
+	} else {
+		c.users[edsName] = users
 	}
 }
 
@@ -297,7 +297,7 @@ func (c *Controller) upsertEndpoints(txn loadbalancer.WriteTxn, r xds.Resource) 
 
 // setBackends gives bes to every cluster of the EDS name.
 func (c *Controller) setBackends(txn loadbalancer.WriteTxn, edsName string, bes []loadbalancer.BackendParams) error {
-	for cluster := range c.users[edsName] {
+	for _, cluster := range c.users[edsName] {
 		if err := c.writer.SetBackends(txn, loadbalancer.ServiceName(cluster), loadbalancer.SourceXDS, bes...); err != nil {
 			return fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, cluster, err)
 		}
