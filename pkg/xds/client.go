@@ -668,7 +668,7 @@ func (c *Client) startDeadlines(ts *typeState, now time.Time, first bool) {
 	}
 	for n := range ts.names {
 		e := ts.entries[n]
-		if e == nil || e.bytes != nil {
+		if e == nil || e.accepted.valid() {
 			continue
 		}
 		if e.state != StateRequested && (e.state != StateNacked || !first) {
@@ -706,7 +706,7 @@ func (c *Client) expire(ctx context.Context, now time.Time) {
 			}
 			delete(ts.deadlines, n)
 			e := ts.entries[n]
-			if e == nil || e.bytes != nil || e.state == StateDoesNotExist {
+			if e == nil || e.accepted.valid() || e.state == StateDoesNotExist {
 				continue
 			}
 			*e = entry{state: StateDoesNotExist, updated: now}

@@ -3,8 +3,8 @@
 package xds
 
 import (
-	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -67,17 +67,28 @@ func newTypeState(url string, w *watchSpec) *typeState {
 	}
 }
 
+// fingerprint identifies a resource's encoding: the cache compares what
+// arrives with what it has without holding a copy of every resource (the
+// handler keeps what it needs of the decoded one). The zero value is none.
+type fingerprint [sha256.Size]byte
+
+func fingerprintOf(value []byte) fingerprint { return sha256.Sum256(value) }
+
+// valid is false for the zero value, which no SHA-256 sum is in practice.
+func (f *fingerprint) valid() bool { return *f != fingerprint{} }
+
 // entry is one cached resource.
 type entry struct {
-	// bytes and version of the accepted resource; nil bytes if none.
-	bytes   []byte
-	version string
-	state   ResourceState
+	// accepted and version are those of the accepted resource; accepted
+	// is zero if there is none.
+	accepted fingerprint
+	version  string
+	state    ResourceState
 	// err and rejected are why and what was last rejected, so that a
 	// server resending the same bad resource does not bother the handler
 	// unless something else changed.
 	err      string
-	rejected []byte
+	rejected fingerprint
 	// offer is the decoded rejected resource when the handler rejected it
 	// (rather than the decoding), so that it is offered again with the
 	// next update of the type: its validity may depend on other resources
@@ -118,9 +129,9 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		again     []Resource
 		removed   []string
 		touched   []string
-		changed   = map[string][]byte{} // given to the handler
-		rejected  = map[string]string{} // name, or "#index" when unnamed
-		badBytes  = map[string][]byte{}
+		changed   = map[string]fingerprint{} // given to the handler
+		rejected  = map[string]string{}      // name, or "#index" when unnamed
+		badSums   = map[string]fingerprint{}
 		offers    = map[string]*Resource{} // rejected by the handler
 		present   = make(map[string]struct{}, len(resp.resources))
 		sweepSafe = true
@@ -143,26 +154,26 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 				continue // not asked for
 			}
 		}
-		value := raw.any.GetValue()
+		value := fingerprintOf(raw.any.GetValue())
 		if err != nil {
 			rejected[name] = err.Error()
-			badBytes[name] = value
+			badSums[name] = value
 			continue
 		}
 		e := ts.entries[name]
 		r := Resource{Name: name, Version: raw.version, Message: msg}
 		switch {
-		case e != nil && e.bytes != nil && bytes.Equal(e.bytes, value):
+		case e != nil && e.accepted.valid() && e.accepted == value:
 			// Unchanged. If it was nacked, the server is back to the
 			// version in use.
 			if e.state != StateAcked || (delta && e.version != raw.version) {
 				if delta {
 					e.version = raw.version
 				}
-				e.state, e.err, e.rejected, e.offer, e.updated = StateAcked, "", nil, nil, now
+				e.state, e.err, e.rejected, e.offer, e.updated = StateAcked, "", fingerprint{}, nil, now
 				touched = append(touched, name)
 			}
-		case e != nil && e.rejected != nil && bytes.Equal(e.rejected, value):
+		case e != nil && e.rejected.valid() && e.rejected == value:
 			changed[name] = value
 			again = append(again, r)
 		default:
@@ -181,7 +192,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 			if _, ok := present[name]; ok {
 				continue
 			}
-			if e.bytes != nil {
+			if e.accepted.valid() {
 				removed = append(removed, name)
 			}
 			delete(ts.entries, name)
@@ -195,7 +206,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		}
 		touched = append(touched, name)
 		if ts.wildcard {
-			if e.bytes != nil {
+			if e.accepted.valid() {
 				removed = append(removed, name)
 			}
 			delete(ts.entries, name)
@@ -203,7 +214,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		}
 		// A requested resource the server says does not exist.
 		delete(ts.deadlines, name)
-		if e.bytes != nil || e.state != StateDoesNotExist {
+		if e.accepted.valid() || e.state != StateDoesNotExist {
 			removed = append(removed, name)
 		}
 		*e = entry{state: StateDoesNotExist, updated: now}
@@ -219,7 +230,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 				continue // only an upserted resource can be rejected
 			}
 			rejected[r.Name] = err.Error()
-			badBytes[r.Name] = changed[r.Name]
+			badSums[r.Name] = changed[r.Name]
 			offers[r.Name] = &r
 			delete(changed, r.Name)
 		}
@@ -227,7 +238,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		// Nothing changed that could make them valid now.
 		for _, r := range again {
 			rejected[r.Name] = ts.entries[r.Name].err
-			badBytes[r.Name] = changed[r.Name]
+			badSums[r.Name] = changed[r.Name]
 			offers[r.Name] = &r
 			delete(changed, r.Name)
 		}
@@ -238,7 +249,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 			continue
 		}
 		e := ts.entry(r.Name)
-		*e = entry{bytes: value, version: r.Version, state: StateAcked, updated: now}
+		*e = entry{accepted: value, version: r.Version, state: StateAcked, updated: now}
 		delete(ts.deadlines, r.Name)
 		touched = append(touched, r.Name)
 	}
@@ -247,10 +258,10 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 			continue
 		}
 		e := ts.entry(name)
-		e.err, e.rejected, e.offer, e.updated = msg, badBytes[name], offers[name], now
+		e.err, e.rejected, e.offer, e.updated = msg, badSums[name], offers[name], now
 		ts.offering = ts.offering || e.offer != nil
 		e.state = StateNacked
-		if e.bytes != nil {
+		if e.accepted.valid() {
 			e.state = StateNackedButCached
 		}
 		// The server has it, even if it is bad: it exists.
@@ -365,7 +376,7 @@ func (c *Client) deliver(ctx context.Context, ts *typeState, upserted []Resource
 		}
 		c.log.Info("Rejected xDS resource accepted on a later update",
 			"type", ShortTypeName(ts.url), "name", r.Name, "version", r.Version)
-		*e = entry{bytes: e.rejected, version: r.Version, state: StateAcked, updated: now}
+		*e = entry{accepted: e.rejected, version: r.Version, state: StateAcked, updated: now}
 		delete(ts.deadlines, r.Name)
 		touched = append(touched, r.Name)
 	}
