@@ -40,8 +40,9 @@ type Controller struct {
 	names  NameSetter
 
 	mu sync.Mutex
-	// clusters are the accepted l4lb clusters by name.
-	clusters map[string]*ServiceSpec
+	// clusters are the EDS names of the accepted l4lb clusters ("" for a
+	// STATIC one), by cluster name: the rest of a spec is in the tables.
+	clusters map[string]string
 	// users are the clusters of each EDS name, in no order. Nearly always
 	// one: a slice, not a set, costs a tenth of a small map per service.
 	users map[string][]string
@@ -67,7 +68,7 @@ func NewController(w *loadbalancer.Writer, names NameSetter) *Controller {
 	return &Controller{
 		writer:   w,
 		names:    names,
-		clusters: map[string]*ServiceSpec{},
+		clusters: map[string]string{},
 		users:    map[string][]string{},
 		clas:     map[string][]loadbalancer.BackendParams{},
 		done:     w.RegisterInitializer(InitializerName),
@@ -136,7 +137,7 @@ func (c *Controller) upsertCluster(txn loadbalancer.WriteTxn, r xds.Resource) er
 	if err != nil {
 		return err
 	}
-	prev, had := c.clusters[r.Name]
+	prevEDSName, had := c.clusters[r.Name]
 	if spec == nil {
 		// Not ours, or no longer ours: a cluster that lost its metadata
 		// leaves nothing behind.
@@ -159,7 +160,7 @@ func (c *Controller) upsertCluster(txn loadbalancer.WriteTxn, r xds.Resource) er
 	switch {
 	case spec.EDSName == "":
 		err = c.writer.SetBackends(txn, name, loadbalancer.SourceXDS, spec.Backends...)
-	case !had || prev.EDSName != spec.EDSName:
+	case !had || prevEDSName != spec.EDSName:
 		// The backends of the new CLA if known, none otherwise: the old
 		// CLA's backends must not serve the new name.
 		err = c.writer.SetBackends(txn, name, loadbalancer.SourceXDS, c.clas[spec.EDSName]...)
@@ -169,17 +170,17 @@ func (c *Controller) upsertCluster(txn loadbalancer.WriteTxn, r xds.Resource) er
 	}
 
 	if had {
-		c.removeUser(prev.EDSName, r.Name)
+		c.removeUser(prevEDSName, r.Name)
 	}
 	if spec.EDSName != "" {
 		c.users[spec.EDSName] = append(c.users[spec.EDSName], r.Name)
 	}
-	c.clusters[r.Name] = spec
+	c.clusters[r.Name] = spec.EDSName
 	return nil
 }
 
 func (c *Controller) deleteCluster(txn loadbalancer.WriteTxn, name string) error {
-	prev, had := c.clusters[name]
+	edsName, had := c.clusters[name]
 	if !had {
 		return nil
 	}
@@ -190,7 +191,7 @@ func (c *Controller) deleteCluster(txn loadbalancer.WriteTxn, name string) error
 	if err := c.writer.SetBackends(txn, svc, loadbalancer.SourceXDS); err != nil {
 		return fmt.Errorf("cluster %q: %w", name, err)
 	}
-	c.removeUser(prev.EDSName, name)
+	c.removeUser(edsName, name)
 	delete(c.clusters, name)
 	return nil
 }
