@@ -318,7 +318,7 @@ func (c *Client) disconnected(err error, wait time.Duration) {
 		responded = responded || ts.responded
 		// Does-not-exist timers are paused: a server we cannot reach says
 		// nothing about whether a resource exists.
-		clear(ts.deadlines)
+		ts.deadlines = nil
 		ts.responded = false
 	}
 	c.metrics.streamEnded(responded)
@@ -509,7 +509,7 @@ func (c *Client) setNames(ts *typeState, names []string, now time.Time) {
 		if _, ok := want[n]; !ok {
 			// The consumer stopped asking: forget, without a Removed.
 			delete(ts.entries, n)
-			delete(ts.deadlines, n)
+			ts.stopDeadline(n)
 			touched = append(touched, n)
 		}
 	}
@@ -675,6 +675,9 @@ func (c *Client) startDeadlines(ts *typeState, now time.Time, first bool) {
 			continue
 		}
 		if _, ok := ts.deadlines[n]; !ok {
+			if ts.deadlines == nil {
+				ts.deadlines = map[string]time.Time{}
+			}
 			ts.deadlines[n] = now.Add(c.cfg.XDSResourceDoesNotExistTimeout)
 		}
 	}
@@ -704,7 +707,7 @@ func (c *Client) expire(ctx context.Context, now time.Time) {
 			if d.After(now) {
 				continue
 			}
-			delete(ts.deadlines, n)
+			ts.stopDeadline(n)
 			e := ts.entries[n]
 			if e == nil || e.accepted.valid() || e.state == StateDoesNotExist {
 				continue

@@ -33,7 +33,8 @@ type typeState struct {
 	entries map[string]*entry
 	// offering is false when no entry holds an offer (entry.offer).
 	offering bool
-	// deadlines of the does-not-exist timers that run.
+	// deadlines of the does-not-exist timers that run; nil when none
+	// runs (see stopDeadline).
 	deadlines map[string]time.Time
 	// version is the last accepted version_info.
 	version string
@@ -62,7 +63,6 @@ func newTypeState(url string, w *watchSpec) *typeState {
 		handler:    w.handler,
 		names:      map[string]struct{}{},
 		entries:    map[string]*entry{},
-		deadlines:  map[string]time.Time{},
 		subscribed: map[string]struct{}{},
 	}
 }
@@ -213,7 +213,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 			continue
 		}
 		// A requested resource the server says does not exist.
-		delete(ts.deadlines, name)
+		ts.stopDeadline(name)
 		if e.accepted.valid() || e.state != StateDoesNotExist {
 			removed = append(removed, name)
 		}
@@ -250,7 +250,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		}
 		e := ts.entry(r.Name)
 		*e = entry{accepted: value, version: r.Version, state: StateAcked, updated: now}
-		delete(ts.deadlines, r.Name)
+		ts.stopDeadline(r.Name)
 		touched = append(touched, r.Name)
 	}
 	for name, msg := range rejected {
@@ -265,7 +265,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 			e.state = StateNackedButCached
 		}
 		// The server has it, even if it is bad: it exists.
-		delete(ts.deadlines, name)
+		ts.stopDeadline(name)
 		touched = append(touched, name)
 	}
 	c.writeResources(ts, touched)
@@ -377,10 +377,20 @@ func (c *Client) deliver(ctx context.Context, ts *typeState, upserted []Resource
 		c.log.Info("Rejected xDS resource accepted on a later update",
 			"type", ShortTypeName(ts.url), "name", r.Name, "version", r.Version)
 		*e = entry{accepted: e.rejected, version: r.Version, state: StateAcked, updated: now}
-		delete(ts.deadlines, r.Name)
+		ts.stopDeadline(r.Name)
 		touched = append(touched, r.Name)
 	}
 	return rej, touched
+}
+
+// stopDeadline stops the does-not-exist timer of name. A map never shrinks:
+// the last timer stopped drops it, or the timers of a first request of
+// thousands of names would hold their room for the client's lifetime.
+func (ts *typeState) stopDeadline(name string) {
+	delete(ts.deadlines, name)
+	if len(ts.deadlines) == 0 {
+		ts.deadlines = nil
+	}
 }
 
 func (ts *typeState) entry(name string) *entry {
