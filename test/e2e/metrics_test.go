@@ -246,6 +246,23 @@ func startStoppable(t *testing.T, bin string, args ...string) *stoppable {
 	return p
 }
 
+// waitListening waits until addr accepts TCP connections.
+func waitListening(t *testing.T, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing listens on %s: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // kill ends the process at once, as a crash would.
 func (p *stoppable) kill() {
 	p.cmd.Process.Kill()
@@ -275,6 +292,9 @@ func TestBinariesMetricsOfTheXDSClient(t *testing.T) {
 	example := writeCFP(t, bin, dir)
 	cpAddr := freePort(t)
 	server := startStoppable(t, filepath.Join(bin, "l4xds-control-plane"), example.serveArgs(cpAddr)...)
+	// The agent's first attempt must find the server listening: a refused
+	// one would count as a server failure.
+	waitListening(t, cpAddr)
 
 	metricsAddr := freePort(t)
 	socket := filepath.Join(dir, "agent.sock")
