@@ -35,6 +35,7 @@ type agent struct {
 	log       *slog.Logger
 	db        *statedb.DB
 	frontends statedb.Table[*lb.Frontend]
+	resources statedb.Table[*xds.ResourceStatus]
 	fake      *datapath.FakeMaps
 	bpfRoot   string
 
@@ -80,8 +81,8 @@ func startAgent(tb testing.TB, srv *server, protocol string) *agent {
 		l4lb.Cell,
 		datapath.Cell,
 		cell.Provide(func() datapath.Hooks { return hooks }),
-		cell.Invoke(func(db *statedb.DB, fes statedb.Table[*lb.Frontend]) {
-			a.db, a.frontends = db, fes
+		cell.Invoke(func(db *statedb.DB, fes statedb.Table[*lb.Frontend], res statedb.Table[*xds.ResourceStatus]) {
+			a.db, a.frontends, a.resources = db, fes, res
 		}),
 	)
 	hive.AddConfigOverride(a.h, func(c *xds.Config) {
@@ -108,7 +109,7 @@ func (a *agent) stop() {
 	if a.h != nil {
 		a.h.Stop(a.log, context.Background())
 	}
-	a.h, a.db, a.frontends, a.fake = nil, nil, nil, nil
+	a.h, a.db, a.frontends, a.resources, a.fake = nil, nil, nil, nil, nil
 }
 
 // bpffs mounts a BPF filesystem in a temporary directory.
@@ -127,6 +128,24 @@ func (a *agent) written(fe lb.L3n4Addr) {
 		select {
 		case a.writes <- time.Now():
 		default:
+		}
+	}
+}
+
+// handled is when the xDS client took in the response that changed the
+// ClusterLoadAssignment name after since: the time its xds-resources row
+// says it was updated. It waits for the row, which the client writes once
+// the handler has returned.
+func (a *agent) handled(ctx context.Context, name string, since time.Time) (time.Time, error) {
+	for {
+		r, _, watch, found := a.resources.GetWatch(a.db.ReadTxn(), xds.ResourceByName(xds.EndpointType, name))
+		if found && r.Updated.After(since) {
+			return r.Updated, nil
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("ClusterLoadAssignment %q: no update after %s: %w", name, since.Format(time.RFC3339Nano), ctx.Err())
 		}
 	}
 }

@@ -74,8 +74,8 @@ func TestUpdateLatency(t *testing.T) {
 		t.Run(p, func(t *testing.T) {
 			u := measureUpdates(t, shape{300, 3}, p, 30)
 			t.Log(u)
-			if len(u.latencies) != 30 || u.latencies[0] <= 0 {
-				t.Errorf("latencies %v", u.latencies)
+			if len(u.latencies) != 30 || u.latencies[0] <= 0 || len(u.agent) != 30 || u.agent[0] <= 0 || u.agent[29] > u.latencies[29] {
+				t.Errorf("latencies %v, the agent's %v", u.latencies, u.agent)
 			}
 		})
 	}

@@ -132,25 +132,34 @@ func cpuTime(tb testing.TB) time.Duration {
 
 // updates is what an update-latency run measured.
 type updates struct {
-	shape     shape
-	protocol  string
-	latencies []time.Duration // sorted
+	shape    shape
+	protocol string
+	// latencies from the server's UpdateResource to the write, sorted.
+	latencies []time.Duration
+	// agent latencies: from the xDS client's taking the response in to the
+	// write, sorted. What is left of latencies is the server's (with the
+	// SotW ACK of every name it parses) and the transport's.
+	agent []time.Duration
 }
 
-func (u updates) quantile(q float64) time.Duration {
-	return u.latencies[min(len(u.latencies)-1, int(q*float64(len(u.latencies))))]
+func (u updates) quantile(q float64) time.Duration { return quantile(u.latencies, q) }
+
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
 }
 
 func (u updates) String() string {
 	ms := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds()*1000, 'f', 3, 64) }
-	return fmt.Sprintf("BENCH update shape=%s protocol=%s maps=%s n=%d p50_ms=%s p99_ms=%s max_ms=%s",
-		u.shape, u.protocol, mapsKind(), len(u.latencies), ms(u.quantile(0.5)), ms(u.quantile(0.99)), ms(u.latencies[len(u.latencies)-1]))
+	return fmt.Sprintf("BENCH update shape=%s protocol=%s maps=%s n=%d p50_ms=%s p99_ms=%s max_ms=%s agent_p50_ms=%s agent_p99_ms=%s agent_max_ms=%s",
+		u.shape, u.protocol, mapsKind(), len(u.latencies), ms(u.quantile(0.5)), ms(u.quantile(0.99)), ms(u.latencies[len(u.latencies)-1]),
+		ms(quantile(u.agent, 0.5)), ms(quantile(u.agent, 0.99)), ms(u.agent[len(u.agent)-1]))
 }
 
 // measureUpdates converges the shape, then changes one endpoint's weight
 // in one ClusterLoadAssignment at a time, n times, each in another cluster,
 // and measures from the server's UpdateResource to the reconciler's having
-// written that cluster's frontend to the maps (its Maglev table changes).
+// written that cluster's frontend to the maps (its Maglev table changes);
+// and the agent's part of it, from the xDS client's taking the response in.
 func measureUpdates(tb testing.TB, s shape, protocol string, n int) updates {
 	tb.Helper()
 	if n > s.N {
@@ -184,14 +193,23 @@ func measureUpdates(tb testing.TB, s shape, protocol string, n int) updates {
 		if err := srv.endpoints.UpdateResource(clusterName(i), next); err != nil {
 			tb.Fatal(err)
 		}
+		var at time.Time
 		select {
-		case at := <-a.writes:
+		case at = <-a.writes:
 			u.latencies = append(u.latencies, at.Sub(start))
 		case <-time.After(time.Minute):
 			tb.Fatalf("update %d: frontend %s not written in a minute", k, fe)
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		handled, err := a.handled(ctx, clusterName(i), start)
+		cancel()
+		if err != nil {
+			tb.Fatalf("update %d: %v", k, err)
+		}
+		u.agent = append(u.agent, at.Sub(handled))
 	}
 	slices.Sort(u.latencies)
+	slices.Sort(u.agent)
 	return u
 }
 
