@@ -62,12 +62,15 @@ struct {
 /* Maglev tables: service id -> array of maglev_size backend ids. A new
  * service's table is made and inserted whole; an existing one is rewritten
  * in place, its new backends written before and its old ones deleted after,
- * so every slot a packet reads names a live backend of the service. */
+ * so every slot a packet reads names a live backend of the service. The
+ * agent writes the slots through a memory mapping (BPF_F_MMAPABLE), not
+ * the update syscall. */
 struct lb_maglev_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1021); /* replaced by the loader with maglev_size */
 	__type(key, __u32);
 	__type(value, __u32);
+	__uint(map_flags, BPF_F_MMAPABLE);
 };
 
 struct {

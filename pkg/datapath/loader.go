@@ -157,9 +157,10 @@ func unpinIncompatible(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) 
 }
 
 // innerCompatible reports whether outer takes inner maps of spec: the
-// kernel compares an inner array's size with the one the outer map was
-// created with, which the map's info does not show. It tries with the
-// reserved service ID 0, which the programs never look up.
+// kernel compares an inner array's size and flags (BPF_F_MMAPABLE) with
+// those of the one the outer map was created with, which the map's info
+// does not show. It tries with the reserved service ID 0, which the
+// programs never look up.
 func innerCompatible(outer *ebpf.Map, spec *ebpf.MapSpec) error {
 	inner, err := ebpf.NewMap(spec)
 	if err != nil {
@@ -169,7 +170,7 @@ func innerCompatible(outer *ebpf.Map, spec *ebpf.MapSpec) error {
 	const probe = uint32(0)
 	if err := outer.Put(probe, inner); err != nil {
 		if errors.Is(err, syscall.EINVAL) {
-			return fmt.Errorf("inner map: MaxEntries is not %d: %w", spec.MaxEntries, ebpf.ErrMapIncompatible)
+			return fmt.Errorf("inner map: MaxEntries is not %d, or Flags is not %#x: %w", spec.MaxEntries, spec.Flags, ebpf.ErrMapIncompatible)
 		}
 		return fmt.Errorf("probe the inner map: %w", err)
 	}

@@ -7,9 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
@@ -195,5 +199,99 @@ func TestPrivilegedIncompatibleMaglevSizeRecreatesTheMap(t *testing.T) {
 	var got bpf.L4xdsLbBackend
 	if err := dp.Maps.backends.Lookup(uint32(1), &got); err != nil || got != kept {
 		t.Errorf("a compatible map lost its entries: %+v, %v", got, err)
+	}
+}
+
+func TestPrivilegedPinnedMaglevOfUnmappableTablesIsRecreated(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	spec, err := bpf.LoadL4xds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// l4xds_maglev as an agent pinned it before the tables were mappable.
+	old := spec.Maps[bpf.L4xdsMapL4xdsMaglev].Copy()
+	if old.InnerMap.Flags&unix.BPF_F_MMAPABLE == 0 {
+		t.Fatalf("the inner map template has flags %#x, want BPF_F_MMAPABLE", old.InnerMap.Flags)
+	}
+	old.InnerMap.Flags &^= unix.BPF_F_MMAPABLE
+	dir := filepath.Join(root, PinDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	outer, err := ebpf.NewMapWithOptions(old, ebpf.MapOptions{PinPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := ebpf.NewMap(old.InnerMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outer.Put(uint32(7), inner); err != nil {
+		t.Fatal(err)
+	}
+	inner.Close()
+	outer.Close()
+
+	log, logs := testLogger(t)
+	dp, err := Load(log, testConfig(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var warned []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "incompatible") {
+			warned = append(warned, line)
+		}
+	}
+	if len(warned) != 1 || !strings.Contains(warned[0], "map="+bpf.L4xdsMapL4xdsMaglev) || !strings.Contains(warned[0], "Flags is not 0x400") {
+		t.Errorf("want one warning naming %s and why, got %q", bpf.L4xdsMapL4xdsMaglev, warned)
+	}
+
+	// The new map takes mappable tables, written and rewritten through the
+	// mapping, and read back through the pins.
+	table := BuildMaglev(backendsWithWeights(1, 1), 1021)
+	if err := dp.Maps.newMaglev(7, table); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Maps.insertMaglevs(); err != nil {
+		t.Fatal(err)
+	}
+	pinned, err := OpenPinnedMaps(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.Close()
+	if got, ok, err := pinned.MaglevTable(7); err != nil || !ok || !slices.Equal(got, table) {
+		t.Errorf("new table read back: found %v, %v, equal %v", ok, err, slices.Equal(got, table))
+	}
+	table = BuildMaglev(backendsWithWeights(1, 1, 1), 1021)
+	if found, err := dp.Maps.rewriteMaglev(7, table); err != nil || !found {
+		t.Fatalf("rewrite: found %v, %v", found, err)
+	}
+	if got, _, err := pinned.MaglevTable(7); err != nil || !slices.Equal(got, table) {
+		t.Errorf("rewritten table read back: %v, equal %v", err, slices.Equal(got, table))
+	}
+	var tables *ebpf.Map
+	if err := pinned.maglev.Lookup(uint32(7), &tables); err != nil {
+		t.Fatal(err)
+	}
+	defer tables.Close()
+	if tables.Flags()&unix.BPF_F_MMAPABLE == 0 {
+		t.Errorf("table flags %#x, want BPF_F_MMAPABLE", tables.Flags())
+	}
+
+	// Once recreated, the map is compatible.
+	if err := dp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	log, logs = testLogger(t)
+	again, err := Load(log, testConfig(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again.Close()
+	if strings.Contains(logs.String(), "incompatible") {
+		t.Errorf("a second load recreated a map:\n%s", logs.String())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // Verdicts as BPF_PROG_RUN reports them (the program's int return value).
@@ -180,8 +181,9 @@ func (d *datapath) deleteBackend(id uint32) {
 // setMaglev swaps in a new table for the service, as the agent does.
 func (d *datapath) setMaglev(svcID uint32, table []uint32) {
 	d.t.Helper()
+	// The outer map takes arrays of lb_maglev_inner's size and flags only.
 	inner, err := ebpf.NewMap(&ebpf.MapSpec{
-		Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: testMaglevN,
+		Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: testMaglevN, Flags: unix.BPF_F_MMAPABLE,
 	})
 	d.must(err, "maglev table of service %d", svcID)
 	defer inner.Close()
