@@ -1131,7 +1131,9 @@ static __always_inline void reply_claim(const struct lb_ct_key *rk,
 		f->flags |= CT_F_REPLY_LOST;
 }
 
-/* A packet for a VIP:port/proto: the service's backend for the flow. */
+/* A packet for a VIP:port/proto: the service's backend for the flow.
+ * VERDICT_CONTINUE for a packet to no VIP:port/proto, and for a backend's
+ * reply, which handle_reply takes. */
 __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct lb_svc *svc;
@@ -1156,6 +1158,20 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 	svc_count = svc->count;
 	affinity_timeout = svc->affinity_timeout;
 
+	now = bpf_ktime_get_ns();
+	ct_key_of(&fk, p);
+	e = bpf_map_lookup_elem(&l4xds_ct, &fk);
+	be = ct_backend(p, e, svc_id, now);
+	/* The service and the forward entry are looked up before the reply
+	 * entry, so that an established forward packet makes no lookup that
+	 * misses. Any other packet may still be a backend's reply (to a
+	 * client on a VIP:port), which wins: handle_reply takes it. */
+	if (!be || !e) {
+		ct_key_of(&rk, p);
+		if (bpf_map_lookup_elem(&l4xds_ct, &rk))
+			return VERDICT_CONTINUE;
+	}
+
 	if (svc_flags & LB_SVC_F_SOURCE_RANGES) {
 		struct lb_src_range_key key = {
 			.prefixlen = 32 + 128,
@@ -1169,10 +1185,6 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 		}
 	}
 
-	now = bpf_ktime_get_ns();
-	ct_key_of(&fk, p);
-	e = bpf_map_lookup_elem(&l4xds_ct, &fk);
-	be = ct_backend(p, e, svc_id, now);
 	if (be && e) {
 		int closing = tcp_closing(p) && !(e->flags & CT_F_CLOSING);
 
@@ -1512,13 +1524,13 @@ int l4xds_ingress(struct __sk_buff *skb)
 		return TCX_NEXT;
 	}
 
-	ret = handle_reply(skb, &p);
-	if (ret != VERDICT_CONTINUE)
-		return ret;
-
 	ret = handle_service(skb, &p);
 	if (ret == VERDICT_REJECT)
 		return reject(skb, &p);
+	if (ret != VERDICT_CONTINUE)
+		return ret;
+
+	ret = handle_reply(skb, &p);
 	if (ret != VERDICT_CONTINUE)
 		return ret;
 
