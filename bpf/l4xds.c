@@ -553,17 +553,34 @@ static __always_inline int store_addr(struct __sk_buff *skb, __u32 ip_off,
 
 /* Rewrites one address of the packet's IP header, and the IPv4 header
  * checksum that covers it. On its own this is the whole translation of a
- * later fragment, which has no L4 header. */
+ * later fragment, which has no L4 header. Written in place: the header
+ * checksum is updated here (RFC 1624) rather than by a helper, and its sum
+ * stays the same, so skb->csum holds as it did. */
 static __always_inline int addr_rewrite(struct __sk_buff *skb,
 					const struct pkt *p, int dst,
 					const __u32 *old_addr,
 					const __u32 *new_addr)
 {
-	if (!p->v6 &&
-	    bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
-				old_addr[3], new_addr[3], 4) < 0)
-		return -1;
-	return store_addr(skb, ETH_HLEN, p->v6, dst, new_addr);
+	if (p->v6) {
+		struct ipv6hdr *ip6 = skb_header(skb, ETH_HLEN, sizeof(*ip6));
+
+		if (!ip6)
+			return -1;
+		__builtin_memcpy(dst ? (void *)&ip6->daddr : (void *)&ip6->saddr,
+				 new_addr, 16);
+	} else {
+		struct iphdr *ip = skb_header(skb, ETH_HLEN, sizeof(*ip));
+
+		if (!ip)
+			return -1;
+		ip->check = csum_update(ip->check,
+					csum_add(~old_addr[3], new_addr[3]));
+		if (dst)
+			ip->daddr = new_addr[3];
+		else
+			ip->saddr = new_addr[3];
+	}
+	return 0;
 }
 
 /* Rewrites one end of the flow (the destination for DNAT, the source for
@@ -661,24 +678,24 @@ static __always_inline int fib_forward(struct __sk_buff *skb,
 		return TCX_NEXT;
 
 	if (p->v6) {
-		__u8 hop_limit = p->ttl - 1;
+		struct ipv6hdr *ip6 = skb_header(skb, ETH_HLEN, sizeof(*ip6));
 
-		if (bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, hop_limit),
-					&hop_limit, 1, 0) < 0)
+		if (!ip6)
 			return TCX_DROP;
+		ip6->hop_limit = p->ttl - 1;
 		nh.nh_family = AF_INET6;
 		__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16);
 	} else {
+		struct iphdr *ip = skb_header(skb, ETH_HLEN, sizeof(*ip));
 		/* TTL and protocol share a 16-bit word of the checksum. */
 		__be16 old = bpf_htons((__u16)p->ttl << 8 | p->proto);
 		__be16 new = bpf_htons((__u16)(p->ttl - 1) << 8 | p->proto);
-		__u8 ttl = p->ttl - 1;
 
-		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
-					old, new, 2) < 0 ||
-		    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, ttl),
-					&ttl, 1, 0) < 0)
+		if (!ip)
 			return TCX_DROP;
+		ip->check = csum_update(ip->check,
+					csum_add((__u16)~old, new));
+		ip->ttl = p->ttl - 1;
 		nh.nh_family = AF_INET;
 		nh.ipv4_nh = fib.ipv4_dst;
 	}
