@@ -595,7 +595,6 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb,
 {
 	__u32 csum_off = l4_csum_off(p);
 	__u64 mm = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
-	__u32 port_off = ETH_HLEN + p->l3_len + (dst ? 2 : 0);
 
 	if (p->v6) {
 		__s64 diff = bpf_csum_diff((__be32 *)old_addr, 16,
@@ -614,11 +613,19 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb,
 		return -1;
 
 	if (old_port != new_port) {
+		__be16 *port;
+
 		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port,
 					mm | 2) < 0)
 			return -1;
-		if (bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0) < 0)
+		/* The port is stored in place; l3_len is at most 60 (IPv4
+		 * options), a bound the verifier needs told. */
+		if (p->l3_len > 60)
 			return -1;
+		port = skb_header(skb, ETH_HLEN + p->l3_len + (dst ? 2 : 0), 2);
+		if (!port)
+			return -1;
+		*port = new_port;
 	}
 	return 0;
 }
