@@ -467,11 +467,17 @@ static __always_inline __u16 csum_update(__u16 check, __u32 diff)
 	return csum_fold(csum_add((__u16)~check, diff));
 }
 
+/* The change of a sum when a 16-byte address goes from from to to, as
+ * bpf_csum_diff would give it (without the helper call): ~m + m' word by
+ * word. */
 static __always_inline __u32 csum_diff_addr(const __u32 *from, const __u32 *to)
 {
-	__s64 s = bpf_csum_diff((__be32 *)from, 16, (__be32 *)to, 16, 0);
+	__u32 s = 0;
+	int i;
 
-	return s < 0 ? 0 : (__u32)s;
+	for (i = 0; i < 4; i++)
+		s = csum_add(csum_add(s, ~from[i]), to[i]);
+	return s;
 }
 
 static __always_inline int addr_eq(const __u32 *a, const __u32 *b)
@@ -597,12 +603,8 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb,
 	__u64 mm = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 
 	if (p->v6) {
-		__s64 diff = bpf_csum_diff((__be32 *)old_addr, 16,
-					   (__be32 *)new_addr, 16, 0);
-
-		if (diff < 0)
-			return -1;
-		if (bpf_l4_csum_replace(skb, csum_off, 0, (__u32)diff,
+		if (bpf_l4_csum_replace(skb, csum_off, 0,
+					csum_diff_addr(old_addr, new_addr),
 					BPF_F_PSEUDO_HDR | mm) < 0)
 			return -1;
 	} else if (bpf_l4_csum_replace(skb, csum_off, old_addr[3], new_addr[3],
