@@ -461,6 +461,23 @@ func TestDatapath(t *testing.T) {
 				}
 			},
 		},
+		{
+			// The service is looked up before the reply entry; a
+			// backend's answer to a client whose address and port are
+			// also a VIP:port must still be reverse-NATed, not balanced.
+			name: "a backend's reply wins over a service on the client's address and port",
+			services: []service{
+				svc4,
+				{id: 2, vip: client4, proto: protoTCP, backends: []backend{be4b}},
+			},
+			steps: []step{
+				forward("syn", tcp4, be4a.addr),
+				reply("syn-ack", synAck4, vip4),
+			},
+			check: func(t *testing.T, d *datapath) {
+				wantStats(t, d, 2, 0, 0, nil)
+			},
+		},
 	}
 
 	runScenarios(t, scenarios)
