@@ -468,6 +468,8 @@ type tableMaker struct {
 	free    chan []uint32
 	pending sync.WaitGroup
 	workers sync.WaitGroup
+	// regions are the workers' mappings of the tables they filled.
+	regions []*tableRegion
 
 	mu   sync.Mutex
 	made []newTable
@@ -491,7 +493,9 @@ func newTableMaker(m *Maps, workers int) *tableMaker {
 	}
 	t.workers.Add(workers)
 	for range workers {
-		go t.work()
+		r := &tableRegion{tableBytes: tableBytes(len(m.slotKeys))}
+		t.regions = append(t.regions, r)
+		go t.work(r)
 	}
 	return t
 }
@@ -503,13 +507,13 @@ func (t *tableMaker) make(svcID uint32, table []uint32) {
 	t.jobs <- tableJob{svcID, slots}
 }
 
-func (t *tableMaker) work() {
+func (t *tableMaker) work(r *tableRegion) {
 	defer t.workers.Done()
 	for j := range t.jobs {
 		inner, err := ebpf.NewMap(t.m.maglevInner)
 		if err != nil {
 			err = fmt.Errorf("write %s: service %d: create table: %w", bpf.L4xdsMapL4xdsMaglev, j.svcID, err)
-		} else if err = t.m.fillArray(inner, j.slots); err != nil {
+		} else if err = t.fill(r, inner, j.slots); err != nil {
 			inner.Close()
 			err = fmt.Errorf("write %s: service %d: fill table: %w", bpf.L4xdsMapL4xdsMaglev, j.svcID, err)
 		}
@@ -526,11 +530,17 @@ func (t *tableMaker) work() {
 }
 
 // wait returns the tables made since the last wait and the first error.
+// The workers are idle then: it unmaps the tables they filled.
 func (t *tableMaker) wait() ([]newTable, error) {
 	t.pending.Wait()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	made, err := t.made, t.err
+	for _, r := range t.regions {
+		if rerr := r.release(); rerr != nil && err == nil {
+			err = fmt.Errorf("write %s: %w", bpf.L4xdsMapL4xdsMaglev, rerr)
+		}
+	}
 	t.made, t.err = nil, nil
 	return made, err
 }
@@ -542,6 +552,93 @@ func (t *tableMaker) stop() {
 	}
 	close(t.jobs)
 	t.workers.Wait()
+	for _, r := range t.regions {
+		r.free()
+	}
+}
+
+// tableRegion is where a worker maps the new tables it fills: side by
+// side in a range of addresses it reserves, so that one mapping over the
+// range unmaps a round's tables with one TLB flush. Unmapping each table
+// on its own flushed the TLB of every CPU that runs the agent, a
+// round-trip of interrupts per table.
+type tableRegion struct {
+	tableBytes uintptr        // a table's mapping: its slots, page-aligned
+	base       unsafe.Pointer // the reserved range; nil until the first table
+	tables     int            // its room, in tables
+	used       int            // the tables mapped in it
+}
+
+// regionBytes is the address range a worker reserves (no memory: it
+// reserves addresses only, and the tables' pages are the kernel's).
+var regionBytes uintptr = 16 << 20
+
+// tableBytes is the size of the mapping of a table of n slots: the kernel
+// lays an array's values out 8-byte aligned, from offset 0.
+func tableBytes(n int) uintptr {
+	return uintptr(n*slotStride+pageSize-1) &^ uintptr(pageSize-1)
+}
+
+const slotStride = 8
+
+// fill writes values into a new table: through its mapping in the
+// worker's region, or by fillArray for a table the region does not fit
+// (one without BPF_F_MMAPABLE).
+func (t *tableMaker) fill(r *tableRegion, inner *ebpf.Map, values []uint32) error {
+	if inner.Flags()&unix.BPF_F_MMAPABLE == 0 || tableBytes(int(inner.MaxEntries())) != r.tableBytes || len(values) > int(inner.MaxEntries()) {
+		return t.m.fillArray(inner, values)
+	}
+	return r.fill(inner, values)
+}
+
+// fill writes values into a new table through a mapping of it in the
+// region. No program reads the table before it is inserted, and the
+// insert follows release.
+func (r *tableRegion) fill(inner *ebpf.Map, values []uint32) error {
+	if r.base == nil {
+		r.tables = max(1, int(regionBytes/r.tableBytes))
+		base, err := unix.MmapPtr(-1, 0, nil, uintptr(r.tables)*r.tableBytes, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		if err != nil {
+			return fmt.Errorf("reserve addresses for the tables: %w", err)
+		}
+		r.base = base
+	}
+	if r.used == r.tables {
+		if err := r.release(); err != nil {
+			return err
+		}
+	}
+	at := unsafe.Add(r.base, uintptr(r.used)*r.tableBytes)
+	if _, err := unix.MmapPtr(inner.FD(), 0, at, r.tableBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
+		return fmt.Errorf("map the table: %w", err)
+	}
+	r.used++
+	for i, v := range values {
+		*(*uint32)(unsafe.Add(at, i*slotStride)) = v
+	}
+	return nil
+}
+
+// release unmaps the tables of the region (a mapped table stays allocated
+// even once deleted), keeping the addresses reserved.
+func (r *tableRegion) release() error {
+	if r.used == 0 {
+		return nil
+	}
+	n := uintptr(r.used) * r.tableBytes
+	r.used = 0
+	if _, err := unix.MmapPtr(-1, 0, r.base, n, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE|unix.MAP_FIXED); err != nil {
+		return fmt.Errorf("unmap the tables: %w", err)
+	}
+	return nil
+}
+
+// free gives the reserved addresses back.
+func (r *tableRegion) free() {
+	if r.base != nil {
+		unix.MunmapPtr(r.base, uintptr(r.tables)*r.tableBytes)
+		r.base = nil
+	}
 }
 
 // rewriteMaglev writes table over the slots of svcID's table. found is
@@ -598,16 +695,12 @@ func (m *Maps) fillArray(inner *ebpf.Map, values []uint32) error {
 // (Not ebpf.Map.Memory: it keeps the mapping, and so the table, until the
 // garbage collector unmaps it.)
 func storeArray(inner *ebpf.Map, values []uint32) error {
-	// The kernel lays an array's values out 8-byte aligned, from offset 0.
-	const stride = 8
-	size := int(inner.MaxEntries()) * stride
-	size = (size + pageSize - 1) &^ (pageSize - 1)
-	mem, err := unix.Mmap(inner.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(inner.FD(), 0, int(tableBytes(int(inner.MaxEntries()))), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fmt.Errorf("map the table: %w", err)
 	}
 	for i, v := range values {
-		slot := (*uint32)(unsafe.Pointer(&mem[i*stride]))
+		slot := (*uint32)(unsafe.Pointer(&mem[i*slotStride]))
 		if *slot != v { // a rewrite leaves the slots that keep their backend
 			*slot = v
 		}

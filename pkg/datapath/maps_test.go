@@ -4,6 +4,8 @@ package datapath
 
 import (
 	"os"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -75,5 +77,55 @@ func BenchmarkMaglevTable(b *testing.B) {
 				b.Fatalf("last slot %d (%v), want %d", got, err, tables[(i-1)%2][size-1])
 			}
 		})
+	}
+}
+
+// New tables are filled through mappings side by side in each worker's
+// region, several regions' worth in a round here: each is inserted with
+// the slots it was built with, and none stays mapped after the insert.
+func TestPrivilegedNewMaglevTablesThroughRegions(t *testing.T) {
+	needRoot(t)
+	dp := load(t, testConfig(bpffs(t)))
+	defer dp.Close()
+	defer func(b uintptr) { regionBytes = b }(regionBytes)
+	regionBytes = 3 * tableBytes(1021) // 3 tables a region
+
+	want := map[uint32][]uint32{}
+	for round := range 2 {
+		for i := range 20 {
+			id := uint32(100*round + i + 1)
+			weights := make([]uint16, 1+i%5)
+			for j := range weights {
+				weights[j] = uint16(1 + (i+j)%3)
+			}
+			bes := backendsWithWeights(weights...)
+			want[id] = BuildMaglev(bes, 1021)
+			if err := dp.Maps.newMaglev(id, want[id]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := dp.Maps.insertMaglevs(); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		maps, err := os.ReadFile("/proc/self/maps")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// (The loader keeps read-only mappings of the programs' data.)
+		var writable int
+		for _, line := range strings.Split(string(maps), "\n") {
+			if strings.Contains(line, " rw-s ") && strings.HasSuffix(line, "bpf-map") {
+				writable++
+			}
+		}
+		if writable != 0 {
+			t.Errorf("round %d: %d tables stay mapped after the insert", round, writable)
+		}
+	}
+	for id, table := range want {
+		got, ok, err := dp.Maps.MaglevTable(id)
+		if err != nil || !ok || !slices.Equal(got, table) {
+			t.Errorf("service %d: table found %v (%v), equal to its build %v", id, ok, err, slices.Equal(got, table))
+		}
 	}
 }
