@@ -109,6 +109,12 @@ func (f *FakeMaps) newMaglev(svcID uint32, table []uint32) error {
 	return nil
 }
 
+// buildMaglev builds the table, as the workers of Maps do, and keeps
+// nothing of it.
+func (f *FakeMaps) buildMaglev(svcID uint32, b *maglevBuilder, size uint32) error {
+	return f.newMaglev(svcID, b.build(size))
+}
+
 func (f *FakeMaps) insertMaglevs() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -337,6 +337,7 @@ type mapWriter interface {
 	putBackends(ids []uint32, values []bpf.L4xdsLbBackend) error
 	deleteBackend(id uint32) error
 	newMaglev(svcID uint32, table []uint32) error
+	buildMaglev(svcID uint32, b *maglevBuilder, size uint32) error
 	insertMaglevs() error
 	rewriteMaglev(svcID uint32, table []uint32) (found bool, err error)
 	deleteMaglevs(svcIDs []uint32) error
@@ -422,6 +423,21 @@ func (m *Maps) newMaglev(svcID uint32, table []uint32) error {
 	return nil
 }
 
+// buildMaglev is newMaglev of the table of size slots of the backends
+// added to b, built by a worker too; b is left reset, with buffers of its
+// own.
+func (m *Maps) buildMaglev(svcID uint32, b *maglevBuilder, size uint32) error {
+	if int(size) != len(m.slotKeys) {
+		b.reset()
+		return fmt.Errorf("write %s: service %d: a table of %d slots, not %d", bpf.L4xdsMapL4xdsMaglev, svcID, size, len(m.slotKeys))
+	}
+	if m.tables == nil {
+		m.tables = newTableMaker(m, runtime.GOMAXPROCS(0))
+	}
+	m.tables.build(svcID, b)
+	return nil
+}
+
 // insertMaglevs inserts the tables made since the last call, replacing
 // those the services had. If one of them could not be made, none is
 // inserted.
@@ -460,14 +476,16 @@ func (m *Maps) insertMaglevs() error {
 	return nil
 }
 
-// tableMaker makes and fills tables on its workers, one per CPU, with a
-// few buffers of slots in flight.
+// tableMaker builds (for buildMaglev), makes and fills tables on its
+// workers, one per CPU, with a few buffers of slots and builders in
+// flight.
 type tableMaker struct {
-	m       *Maps
-	jobs    chan tableJob
-	free    chan []uint32
-	pending sync.WaitGroup
-	workers sync.WaitGroup
+	m        *Maps
+	jobs     chan tableJob
+	free     chan []uint32
+	builders chan *maglevBuilder
+	pending  sync.WaitGroup
+	workers  sync.WaitGroup
 	// regions are the workers' mappings of the tables they filled.
 	regions []*tableRegion
 
@@ -476,9 +494,12 @@ type tableMaker struct {
 	err  error
 }
 
+// tableJob is a table to make: of slots, or else of the backends added
+// to builder.
 type tableJob struct {
-	svcID uint32
-	slots []uint32
+	svcID   uint32
+	slots   []uint32
+	builder *maglevBuilder
 }
 
 type newTable struct {
@@ -487,9 +508,10 @@ type newTable struct {
 }
 
 func newTableMaker(m *Maps, workers int) *tableMaker {
-	t := &tableMaker{m: m, jobs: make(chan tableJob), free: make(chan []uint32, 2*workers)}
+	t := &tableMaker{m: m, jobs: make(chan tableJob), free: make(chan []uint32, 2*workers), builders: make(chan *maglevBuilder, 2*workers)}
 	for range cap(t.free) {
 		t.free <- make([]uint32, len(m.slotKeys))
+		t.builders <- new(maglevBuilder)
 	}
 	t.workers.Add(workers)
 	for range workers {
@@ -504,20 +526,41 @@ func (t *tableMaker) make(svcID uint32, table []uint32) {
 	slots := <-t.free
 	copy(slots, table)
 	t.pending.Add(1)
-	t.jobs <- tableJob{svcID, slots}
+	t.jobs <- tableJob{svcID: svcID, slots: slots}
+}
+
+// build hands b's backends to a worker, and b a reset builder in their
+// place.
+func (t *tableMaker) build(svcID uint32, b *maglevBuilder) {
+	nb := <-t.builders
+	*nb, *b = *b, *nb
+	t.pending.Add(1)
+	t.jobs <- tableJob{svcID: svcID, builder: nb}
 }
 
 func (t *tableMaker) work(r *tableRegion) {
 	defer t.workers.Done()
 	for j := range t.jobs {
+		slots := j.slots
+		if j.builder != nil {
+			slots = j.builder.build(uint32(len(t.m.slotKeys)))
+		}
 		inner, err := ebpf.NewMap(t.m.maglevInner)
+		if err == nil && len(slots) == 0 {
+			inner.Close()
+			err = errors.New("no backends")
+		}
 		if err != nil {
 			err = fmt.Errorf("write %s: service %d: create table: %w", bpf.L4xdsMapL4xdsMaglev, j.svcID, err)
-		} else if err = t.fill(r, inner, j.slots); err != nil {
+		} else if err = t.fill(r, inner, slots); err != nil {
 			inner.Close()
 			err = fmt.Errorf("write %s: service %d: fill table: %w", bpf.L4xdsMapL4xdsMaglev, j.svcID, err)
 		}
-		t.free <- j.slots
+		if j.builder != nil {
+			t.builders <- j.builder
+		} else {
+			t.free <- j.slots
+		}
 		t.mu.Lock()
 		if err != nil {
 			t.err = cmp.Or(t.err, err)

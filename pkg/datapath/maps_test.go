@@ -100,8 +100,22 @@ func TestPrivilegedNewMaglevTablesThroughRegions(t *testing.T) {
 			}
 			bes := backendsWithWeights(weights...)
 			want[id] = BuildMaglev(bes, 1021)
-			if err := dp.Maps.newMaglev(id, want[id]); err != nil {
+			if i%4 == 0 {
+				// A table built by the reconciler, made by a worker.
+				if err := dp.Maps.newMaglev(id, want[id]); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			var b maglevBuilder
+			for _, be := range bes {
+				b.add(be.ID, []byte(be.Key), be.Weight)
+			}
+			if err := dp.Maps.buildMaglev(id, &b, 1021); err != nil {
 				t.Fatal(err)
+			}
+			if len(b.inputs) != 0 {
+				t.Fatalf("service %d: the builder keeps %d backends after buildMaglev", id, len(b.inputs))
 			}
 		}
 		if err := dp.Maps.insertMaglevs(); err != nil {
@@ -127,5 +141,8 @@ func TestPrivilegedNewMaglevTablesThroughRegions(t *testing.T) {
 		if err != nil || !ok || !slices.Equal(got, table) {
 			t.Errorf("service %d: table found %v (%v), equal to its build %v", id, ok, err, slices.Equal(got, table))
 		}
+	}
+	if err := dp.Maps.buildMaglev(1, &maglevBuilder{}, 2039); err == nil || !strings.Contains(err.Error(), "2039 slots, not 1021") {
+		t.Errorf("a table of the wrong size: %v", err)
 	}
 }

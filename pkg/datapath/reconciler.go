@@ -289,17 +289,24 @@ func (o *ops) prepare(st *step) (err error) {
 		o.maglev.reset()
 		return nil
 	}
-	table := o.maglev.build(o.maglevSize)
 	svc.tableCount = uint32(d.usable)
-	if svc.table != tableNone {
-		found, err := o.maps.rewriteMaglev(svc.id, table)
-		if err != nil {
+	if svc.table == tableNone {
+		// A new table is built, not only made, while the reconciler goes
+		// on: the build is most of a new service's time here.
+		if err := o.maps.buildMaglev(svc.id, &o.maglev, o.maglevSize); err != nil {
 			return err
 		}
-		if found {
-			svc.table = tableWritten
-			return nil
-		}
+		st.newTable = true
+		return nil
+	}
+	table := o.maglev.build(o.maglevSize)
+	found, err := o.maps.rewriteMaglev(svc.id, table)
+	if err != nil {
+		return err
+	}
+	if found {
+		svc.table = tableWritten
+		return nil
 	}
 	if err := o.maps.newMaglev(svc.id, table); err != nil {
 		return err
