@@ -296,18 +296,22 @@ func (t *Topology) Delete() error {
 }
 
 // killPIDs kills what still runs in namespace ns and waits briefly for it to
-// go: a namespace with a live process outlives `ip netns delete`.
+// go: a namespace with a live process outlives `ip netns delete`. The test
+// itself is spared: its main thread may have entered ns (a goroutine that
+// locked it and joined ns cannot end it), and `ip netns pids` then names us.
 func killPIDs(ns string) {
+	self := os.Getpid()
 	for range 50 {
 		out, _ := exec.Command("ip", "netns", "pids", ns).Output()
-		pids := strings.Fields(string(out))
-		if len(pids) == 0 {
-			return
-		}
-		for _, p := range pids {
-			if pid, err := strconv.Atoi(p); err == nil {
+		var left int
+		for _, p := range strings.Fields(string(out)) {
+			if pid, err := strconv.Atoi(p); err == nil && pid != self {
 				syscall.Kill(pid, syscall.SIGKILL)
+				left++
 			}
+		}
+		if left == 0 {
+			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
