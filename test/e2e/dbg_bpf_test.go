@@ -144,7 +144,7 @@ func TestPrivilegedDbgShowsTheDatapathAfterTraffic(t *testing.T) {
 	}
 
 	// The agent stops: the maps, and what l4xds-dbg reads from them, stay.
-	e.agent.stop()
+	e.agent.Stop()
 	again := runDbg(t, dbg, append([]string{"bpf", "lb", "list"}, bpfRoot...)...)
 	if again.code != 0 || !containsAll(again.squeezed(), []string{"10.1.2.3:3306/TCP", "10.1.2.7:7777/UDP", "2 services, 5 backends"}) {
 		t.Errorf("bpf lb list with the agent stopped: exit %d\n%s%s", again.code, again.stdout, again.stderr)

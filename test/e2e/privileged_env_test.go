@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -95,7 +94,7 @@ func startServers(t *testing.T, bin string, topo *netns.Topology) {
 			args = append(args, "--udp-padded", a)
 		}
 		p := startIn(t, t, b.NS, filepath.Join(bin, "l4xds-traffic"), args...)
-		p.waitOutput(t, "ready", 10*time.Second)
+		p.WaitOutput(t, "ready", 10*time.Second)
 	}
 }
 
@@ -103,10 +102,7 @@ func startServers(t *testing.T, bin string, topo *netns.Topology) {
 // killed, or the test ends; its output goes to the test log when the test
 // fails.
 type nsProc struct {
-	name string
-	cmd  *exec.Cmd
-	out  syncBuffer
-	done chan struct{}
+	*netns.Proc
 	// killed: the test ended the process on purpose.
 	killed bool
 }
@@ -115,20 +111,16 @@ type nsProc struct {
 // when it ends.
 func startIn(t, owner *testing.T, ns, bin string, args ...string) *nsProc {
 	t.Helper()
-	p := &nsProc{name: filepath.Base(bin) + " " + firstArg(args) + " in " + ns, done: make(chan struct{})}
-	p.cmd = netns.Command(context.Background(), ns, bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("%s: %v", p.name, err)
+	name := filepath.Base(bin) + " " + firstArg(args) + " in " + ns
+	proc, err := netns.StartProc(name, netns.Command(context.Background(), ns, bin, args...))
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
 	}
-	go func() {
-		p.cmd.Wait()
-		close(p.done)
-	}()
+	p := &nsProc{Proc: proc}
 	owner.Cleanup(func() {
-		p.stop()
+		p.Stop()
 		if owner.Failed() {
-			owner.Logf("%s output:\n%s", p.name, tail(p.out.String(), 60))
+			owner.Logf("%s output:\n%s", p.Name, tail(p.Output(), 60))
 		}
 	})
 	return p
@@ -141,48 +133,10 @@ func firstArg(args []string) string {
 	return ""
 }
 
-// stop ends the process with SIGTERM, or SIGKILL after 10 s.
-func (p *nsProc) stop() {
-	if p.exited() {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		p.kill()
-	}
-}
-
-// kill ends the process with SIGKILL and waits for it.
+// kill ends the process with SIGKILL, on purpose, and waits for it.
 func (p *nsProc) kill() {
 	p.killed = true
-	p.cmd.Process.Kill()
-	<-p.done
-}
-
-func (p *nsProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// waitOutput waits until the process has printed want.
-func (p *nsProc) waitOutput(t *testing.T, want string, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !strings.Contains(p.out.String(), want) {
-		if p.exited() {
-			t.Fatalf("%s exited (%v) before printing %q:\n%s", p.name, p.cmd.ProcessState, want, p.out.String())
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not print %q within %s:\n%s", p.name, want, timeout, p.out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	p.Kill()
 }
 
 func tail(s string, lines int) string {
@@ -342,8 +296,8 @@ func (e *lbEnv) waitFrontends(t *testing.T, clusters ...cluster) {
 			last = err.Error() + "\n" + out
 		}
 		for _, p := range []*nsProc{e.agent, e.cp} {
-			if p != nil && p.exited() && !p.killed {
-				t.Fatalf("%s exited (%v) while waiting for the frontends:\n%s", p.name, p.cmd.ProcessState, tail(p.out.String(), 40))
+			if p != nil && p.Exited() && !p.killed {
+				t.Fatalf("%s exited (%v) while waiting for the frontends:\n%s", p.Name, p.Cmd.ProcessState, tail(p.Output(), 40))
 			}
 		}
 		if time.Now().After(deadline) {

@@ -83,15 +83,15 @@ func dialInNS(ctx context.Context, ns, network, addr string) (net.Conn, error) {
 func (e *lbEnv) restartAgentWithMetrics(t *testing.T) {
 	t.Helper()
 	agentBin := filepath.Join(e.bin, "l4xds-agent")
-	i := slices.Index(e.agent.cmd.Args, agentBin)
+	i := slices.Index(e.agent.Cmd.Args, agentBin)
 	if i < 0 {
-		t.Fatalf("the agent's command line %q does not name %s", e.agent.cmd.Args, agentBin)
+		t.Fatalf("the agent's command line %q does not name %s", e.agent.Cmd.Args, agentBin)
 	}
-	args := append(slices.Clone(e.agent.cmd.Args[i+1:]), "--prometheus-serve-addr", metricsInLB)
-	e.agent.waitOutput(t, "Started hive", 30*time.Second)
-	e.agent.stop()
+	args := append(slices.Clone(e.agent.Cmd.Args[i+1:]), "--prometheus-serve-addr", metricsInLB)
+	e.agent.WaitOutput(t, "Started hive", 30*time.Second)
+	e.agent.Stop()
 	e.agent = startIn(t, e.top, e.topo.LB, agentBin, args...)
-	e.agent.waitOutput(t, "Serving Prometheus metrics", 30*time.Second)
+	e.agent.WaitOutput(t, "Serving Prometheus metrics", 30*time.Second)
 }
 
 // Real traffic through the BPF datapath, then a scrape of the agent: the

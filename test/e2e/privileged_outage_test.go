@@ -100,10 +100,10 @@ func TestPrivilegedLongControlPlaneOutageAcrossAgentRestarts(t *testing.T) {
 		h.check(t, 3)
 	}
 
-	e.agent.stop()
+	e.agent.Stop()
 	story.enter("agent stopped (SIGTERM)", loops)
-	if !e.agent.cmd.ProcessState.Success() || e.agent.killed {
-		t.Errorf("the agent did not exit cleanly on SIGTERM: %v\n%s", e.agent.cmd.ProcessState, tail(e.agent.out.String(), 20))
+	if !e.agent.Cmd.ProcessState.Success() || e.agent.killed {
+		t.Errorf("the agent did not exit cleanly on SIGTERM: %v\n%s", e.agent.Cmd.ProcessState, tail(e.agent.Output(), 20))
 	}
 	loops.waitRounds(t, 2) // new flows while no agent runs
 	e.startAgent(t)
@@ -243,8 +243,8 @@ func (e *lbEnv) waitDisconnected(t *testing.T, how string) {
 		}) {
 			break
 		}
-		if e.agent.exited() {
-			t.Fatalf("%s: the agent exited (%v):\n%s", how, e.agent.cmd.ProcessState, tail(e.agent.out.String(), 40))
+		if e.agent.Exited() {
+			t.Fatalf("%s: the agent exited (%v):\n%s", how, e.agent.Cmd.ProcessState, tail(e.agent.Output(), 40))
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: the agent never showed two failed attempts to reach the control plane; last xds-status:\n%s", how, last)

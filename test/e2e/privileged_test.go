@@ -165,7 +165,7 @@ func TestPrivilegedLoadBalancer(t *testing.T) {
 			t.Errorf("want all 300 new flows answered by the two active backends, none by the draining %s; got %s", h.backend, r)
 		}
 		h.check(t, 5)
-		h.stop()
+		h.Stop()
 
 		// The drained backend removed, then an active one: new flows go to
 		// what is left.

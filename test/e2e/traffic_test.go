@@ -104,9 +104,9 @@ type hold struct {
 func (e *lbEnv) hold(t *testing.T, f frontend) *hold {
 	t.Helper()
 	p := startIn(t, t, e.topo.Client, filepath.Join(e.bin, "l4xds-traffic"), "hold", "--to", f.dial(), "--interval", "100ms")
-	p.waitOutput(t, "connected ", 10*time.Second)
+	p.WaitOutput(t, "connected ", 10*time.Second)
 	h := &hold{nsProc: p}
-	for _, l := range strings.Split(p.out.String(), "\n") {
+	for _, l := range strings.Split(p.Output(), "\n") {
 		if b, ok := strings.CutPrefix(l, "connected "); ok {
 			h.backend = b
 		}
@@ -115,7 +115,7 @@ func (e *lbEnv) hold(t *testing.T, f frontend) *hold {
 }
 
 // echoes counts the successful echoes so far.
-func (h *hold) echoes() int { return strings.Count(h.out.String(), "\nok ") }
+func (h *hold) echoes() int { return strings.Count(h.Output(), "\nok ") }
 
 // check fails the test when the connection failed or moved, and waits
 // until it has echoed at least n more times, so that a check right after a
@@ -125,8 +125,8 @@ func (h *hold) check(t *testing.T, more int) {
 	want := h.echoes() + more
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		out := h.out.String()
-		if h.exited() || strings.Contains(out, "\nfail ") {
+		out := h.Output()
+		if h.Exited() || strings.Contains(out, "\nfail ") {
 			t.Fatalf("the long-lived connection to %s failed:\n%s", h.backend, tail(out, 10))
 		}
 		if strings.Count(out, "\nok ") != strings.Count(out, "\nok "+h.backend+" ") {

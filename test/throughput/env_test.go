@@ -15,8 +15,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -60,7 +58,7 @@ type env struct {
 	dir     string
 	bpfRoot string
 	pin     bool // taskset is there
-	agent   *proc
+	agent   *netns.Proc
 }
 
 // prerequisites returns why the benchmark cannot run here, or "".
@@ -108,7 +106,7 @@ func newEnv(b *testing.B) *env {
 	for i, be := range topo.Backends {
 		p := e.start(be.NS, backendCPU, "l4xds-traffic", "serve", "--name", backendName(i),
 			"--udp", fmt.Sprintf(":%d", udpPort), "--tcp", fmt.Sprintf(":%d", tcpPort))
-		p.waitOutput(b, "ready", 10*time.Second)
+		p.WaitOutput(b, "ready", 10*time.Second)
 	}
 
 	if out, err := exec.Command(filepath.Join(e.bin, "l4xds-control-plane"), "certs", "--out", e.path("certs")).CombinedOutput(); err != nil {
@@ -188,12 +186,12 @@ func (e *env) l4xdsOn() {
 		if err == nil && n == 2 && e.attached() == 2 {
 			return
 		}
-		if e.agent.exited() {
-			b.Fatalf("l4xds-agent exited (%v):\n%s", e.agent.cmd.ProcessState, e.agent.out.String())
+		if e.agent.Exited() {
+			b.Fatalf("l4xds-agent exited (%v):\n%s", e.agent.Cmd.ProcessState, e.agent.Output())
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("the agent never had both services with %d backends and the program on %s and %s (%d ready, %v):\n%s",
-				backends, netns.ClientDevice, netns.BridgeDevice, n, err, e.agent.out.String())
+				backends, netns.ClientDevice, netns.BridgeDevice, n, err, e.agent.Output())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -206,7 +204,7 @@ func (e *env) l4xdsOn() {
 func (e *env) l4xdsOff() {
 	b := e.b
 	b.Helper()
-	e.agent.stop()
+	e.agent.Stop()
 	dir := filepath.Join(e.bpfRoot, datapath.PinDir, datapath.LinksDir)
 	pins, err := os.ReadDir(dir)
 	if err != nil {
@@ -444,79 +442,13 @@ func (e *env) command(ctx context.Context, ns, cpu, name string, args ...string)
 	return cmd
 }
 
-// proc is a process running until it is stopped or the benchmark ends.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  syncBuffer
-	done chan struct{}
-}
-
-func (e *env) start(ns, cpu, name string, args ...string) *proc {
+func (e *env) start(ns, cpu, name string, args ...string) *netns.Proc {
 	b := e.b
 	b.Helper()
-	p := &proc{name: name + " in " + ns, done: make(chan struct{})}
-	p.cmd = e.command(context.Background(), ns, cpu, name, args...)
-	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-	if err := p.cmd.Start(); err != nil {
-		b.Fatalf("%s: %v", p.name, err)
+	p, err := netns.StartProc(name+" in "+ns, e.command(context.Background(), ns, cpu, name, args...))
+	if err != nil {
+		b.Fatalf("%s in %s: %v", name, ns, err)
 	}
-	go func() {
-		p.cmd.Wait()
-		close(p.done)
-	}()
-	b.Cleanup(p.stop)
+	b.Cleanup(p.Stop)
 	return p
-}
-
-// stop ends the process with SIGTERM, or SIGKILL after 10 s.
-func (p *proc) stop() {
-	if p.exited() {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) waitOutput(b *testing.B, want string, timeout time.Duration) {
-	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for !strings.Contains(p.out.String(), want) {
-		if p.exited() || time.Now().After(deadline) {
-			b.Fatalf("%s did not print %q (exited: %v):\n%s", p.name, want, p.exited(), p.out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// syncBuffer is the output of a running process, readable while it runs.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }
