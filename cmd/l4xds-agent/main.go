@@ -33,6 +33,7 @@ func main() {
 		loadbalancer.Cell,
 		xds.Cell,
 		l4lb.Cell,
+		l4lb.TablesCell,
 		datapath.Cell,
 	)
 	cmd := option.AgentCommand("l4xds-agent", "xDS-controlled eBPF L4 load balancer agent", h)

@@ -8,12 +8,12 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 
-	"github.com/l4xds/l4xds/pkg/loadbalancer"
 	"github.com/l4xds/l4xds/pkg/xds"
 )
 
 // Cell translates the l4lb clusters the xDS client receives into services,
-// frontends and backends. It needs *xds.Client and *loadbalancer.Writer.
+// frontends and backends. It needs *xds.Client and a Sink (TablesCell for
+// l4xds's own tables).
 var Cell = cell.Module(
 	"l4lb",
 	"Translates xDS clusters into load-balancing services",
@@ -25,7 +25,7 @@ var Cell = cell.Module(
 type controllerParams struct {
 	cell.In
 
-	Writer *loadbalancer.Writer
+	Sink   Sink
 	Client *xds.Client
 	Jobs   job.Registry
 	Health cell.Health
@@ -35,7 +35,7 @@ type controllerParams struct {
 // l4lb clusters ask for. Watches are registered at construction, before the
 // client starts, so that no update is missed.
 func newController(p controllerParams) *Controller {
-	c := NewController(p.Writer, p.Client)
+	c := NewController(p.Sink, p.Client)
 	p.Client.Watch(xds.ClusterType, true, c.ClusterHandler())
 	p.Client.Watch(xds.EndpointType, false, c.EndpointHandler())
 

@@ -36,8 +36,8 @@ const InitializerName = "l4lb-xds"
 // it asks for has had an update, or was found not to exist. Until then a
 // restarted agent keeps forwarding with its previous state.
 type Controller struct {
-	writer *loadbalancer.Writer
-	names  NameSetter
+	sink  Sink
+	names NameSetter
 
 	mu sync.Mutex
 	// clusters are the EDS names of the accepted l4lb clusters ("" for a
@@ -55,23 +55,23 @@ type Controller struct {
 	requested []string
 
 	// Initialization: done is nil once called.
-	done    func(loadbalancer.WriteTxn)
+	done    func(SinkTxn)
 	sawCDS  bool
 	sawEDS  map[string]struct{}
 	pending int // requested names not in sawEDS
 }
 
-// NewController registers the controller's initializer with w. Its handlers
-// are HandleClusters and HandleEndpoints; names receives the EDS names to
-// request.
-func NewController(w *loadbalancer.Writer, names NameSetter) *Controller {
+// NewController registers the controller's initializer with sink. Its
+// handlers are HandleClusters and HandleEndpoints; names receives the EDS
+// names to request.
+func NewController(sink Sink, names NameSetter) *Controller {
 	return &Controller{
-		writer:   w,
+		sink:     sink,
 		names:    names,
 		clusters: map[string]string{},
 		users:    map[string][]string{},
 		clas:     map[string][]loadbalancer.BackendParams{},
-		done:     w.RegisterInitializer(InitializerName),
+		done:     sink.RegisterInitializer(InitializerName),
 		sawEDS:   map[string]struct{}{},
 	}
 }
@@ -88,7 +88,7 @@ func (c *Controller) HandleClusters(_ context.Context, u xds.Update) map[string]
 	defer c.mu.Unlock()
 
 	rejected := map[string]error{}
-	txn := c.writer.WriteTxn()
+	txn := c.sink.WriteTxn()
 	// Removals first: they free the VIPs that a renamed cluster takes over.
 	for _, name := range u.Removed {
 		if err := c.deleteCluster(txn, name); err != nil {
@@ -128,7 +128,7 @@ func (c *Controller) HandleClusters(_ context.Context, u xds.Update) map[string]
 	return rejected
 }
 
-func (c *Controller) upsertCluster(txn loadbalancer.WriteTxn, r xds.Resource) error {
+func (c *Controller) upsertCluster(txn SinkTxn, r xds.Resource) error {
 	cl, ok := r.Message.(*clusterv3.Cluster)
 	if !ok {
 		return fmt.Errorf("cluster %q: message is a %T, not a Cluster", r.Name, r.Message)
@@ -150,20 +150,20 @@ func (c *Controller) upsertCluster(txn loadbalancer.WriteTxn, r xds.Resource) er
 		return &Error{Kind: "cluster", Name: r.Name, Field: "name", Err: fmt.Errorf("%q differs from the resource name", cl.GetName())}
 	}
 
-	// The writer checks everything before it writes, so a conflict leaves
+	// The sink checks everything before it writes, so a conflict leaves
 	// this cluster's previous rows as they were.
-	if err := c.writer.UpsertServiceAndFrontends(txn, spec.Service, spec.Frontends...); err != nil {
+	if err := txn.UpsertServiceAndFrontends(spec.Service, spec.Frontends...); err != nil {
 		return fmt.Errorf("cluster %q: %w", r.Name, err)
 	}
 
 	name := loadbalancer.ServiceName(r.Name)
 	switch {
 	case spec.EDSName == "":
-		err = c.writer.SetBackends(txn, name, loadbalancer.SourceXDS, spec.Backends...)
+		err = txn.SetBackends(name, spec.Backends...)
 	case !had || prevEDSName != spec.EDSName:
 		// The backends of the new CLA if known, none otherwise: the old
 		// CLA's backends must not serve the new name.
-		err = c.writer.SetBackends(txn, name, loadbalancer.SourceXDS, c.clas[spec.EDSName]...)
+		err = txn.SetBackends(name, c.clas[spec.EDSName]...)
 	}
 	if err != nil {
 		return fmt.Errorf("cluster %q: %w", r.Name, err)
@@ -179,16 +179,16 @@ func (c *Controller) upsertCluster(txn loadbalancer.WriteTxn, r xds.Resource) er
 	return nil
 }
 
-func (c *Controller) deleteCluster(txn loadbalancer.WriteTxn, name string) error {
+func (c *Controller) deleteCluster(txn SinkTxn, name string) error {
 	edsName, had := c.clusters[name]
 	if !had {
 		return nil
 	}
 	svc := loadbalancer.ServiceName(name)
-	if _, err := c.writer.DeleteServiceAndFrontends(txn, svc); err != nil {
+	if err := txn.DeleteServiceAndFrontends(svc); err != nil {
 		return fmt.Errorf("cluster %q: %w", name, err)
 	}
-	if err := c.writer.SetBackends(txn, svc, loadbalancer.SourceXDS); err != nil {
+	if err := txn.SetBackends(svc); err != nil {
 		return fmt.Errorf("cluster %q: %w", name, err)
 	}
 	c.removeUser(edsName, name)
@@ -248,7 +248,7 @@ func (c *Controller) ClustersSynced() {
 	if c.requested == nil {
 		c.updateNames()
 	}
-	txn := c.writer.WriteTxn()
+	txn := c.sink.WriteTxn()
 	c.maybeInitialized(txn)
 	txn.Commit()
 }
@@ -259,7 +259,7 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 	defer c.mu.Unlock()
 
 	rejected := map[string]error{}
-	txn := c.writer.WriteTxn()
+	txn := c.sink.WriteTxn()
 	for _, r := range u.Upserted {
 		// The server has answered, if badly: a broken CLA must not hold
 		// back the initialization of every other service.
@@ -280,7 +280,7 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 	return rejected
 }
 
-func (c *Controller) upsertEndpoints(txn loadbalancer.WriteTxn, r xds.Resource) error {
+func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
 	cla, ok := r.Message.(*endpointv3.ClusterLoadAssignment)
 	if !ok {
 		return fmt.Errorf("cluster_load_assignment %q: message is a %T, not a ClusterLoadAssignment", r.Name, r.Message)
@@ -297,9 +297,9 @@ func (c *Controller) upsertEndpoints(txn loadbalancer.WriteTxn, r xds.Resource) 
 }
 
 // setBackends gives bes to every cluster of the EDS name.
-func (c *Controller) setBackends(txn loadbalancer.WriteTxn, edsName string, bes []loadbalancer.BackendParams) error {
+func (c *Controller) setBackends(txn SinkTxn, edsName string, bes []loadbalancer.BackendParams) error {
 	for _, cluster := range c.users[edsName] {
-		if err := c.writer.SetBackends(txn, loadbalancer.ServiceName(cluster), loadbalancer.SourceXDS, bes...); err != nil {
+		if err := txn.SetBackends(loadbalancer.ServiceName(cluster), bes...); err != nil {
 			return fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, cluster, err)
 		}
 	}
@@ -321,7 +321,7 @@ func (c *Controller) sawEndpoints(name string) {
 
 // maybeInitialized marks the tables initialized once the first full state
 // has arrived.
-func (c *Controller) maybeInitialized(txn loadbalancer.WriteTxn) {
+func (c *Controller) maybeInitialized(txn SinkTxn) {
 	if c.done == nil || !c.sawCDS || c.pending > 0 {
 		return
 	}

@@ -47,7 +47,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	names := &fakeNames{}
-	return &fixture{t: t, w: w, names: names, ctrl: NewController(w, names)}
+	return &fixture{t: t, w: w, names: names, ctrl: NewController(NewTablesSink(w), names)}
 }
 
 func resource(m proto.Message) xds.Resource {

@@ -116,7 +116,7 @@ func newAgent(t *testing.T) *agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &agent{w: w, ctrl: l4lb.NewController(w, noNames{})}
+	return &agent{w: w, ctrl: l4lb.NewController(l4lb.NewTablesSink(w), noNames{})}
 }
 
 // apply sends the clusters of res in one CDS update, then its

@@ -79,6 +79,7 @@ func startAgent(tb testing.TB, srv *server, protocol string) *agent {
 		lb.Cell,
 		xds.Cell,
 		l4lb.Cell,
+		l4lb.TablesCell,
 		datapath.Cell,
 		cell.Provide(func() datapath.Hooks { return hooks }),
 		cell.Invoke(func(db *statedb.DB, fes statedb.Table[*lb.Frontend], res statedb.Table[*xds.ResourceStatus]) {

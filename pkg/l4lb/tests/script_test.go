@@ -66,6 +66,7 @@ func newEngine(tb testing.TB, protocol string) *script.Engine {
 		loadbalancer.Cell,
 		xds.Cell,
 		l4lb.Cell,
+		l4lb.TablesCell,
 	)
 	hive.AddConfigOverride(h, func(c *xds.Config) {
 		c.EnableXDSControlPlane = true

@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package l4lb
+
+import (
+	"github.com/cilium/hive/cell"
+
+	"github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+// Sink is where the controller writes the translation. The standalone agent
+// writes l4xds's own tables (TablesSink); inside Cilium the cilium module's
+// adapter writes Cilium's. Every rule of the translation is the
+// controller's, so it holds for both.
+type Sink interface {
+	// WriteTxn begins the transaction of one xDS update.
+	WriteTxn() SinkTxn
+	// RegisterInitializer holds back pruning (of what a restarted datapath
+	// restored) until done is called with the first full state.
+	RegisterInitializer(name string) (done func(SinkTxn))
+}
+
+// SinkTxn is one transaction of a Sink; the controller commits it once per
+// update. Its methods have the meaning of loadbalancer.Writer's: a frontend
+// owned by another service is an error that wraps
+// loadbalancer.ErrFrontendConflict and leaves the service as it was.
+type SinkTxn interface {
+	UpsertServiceAndFrontends(svc *loadbalancer.Service, fes ...loadbalancer.FrontendParams) error
+	// DeleteServiceAndFrontends deletes a service that exists.
+	DeleteServiceAndFrontends(name loadbalancer.ServiceName) error
+	// SetBackends replaces the service's xDS backends; none deletes them.
+	SetBackends(name loadbalancer.ServiceName, bes ...loadbalancer.BackendParams) error
+	Commit()
+}
+
+// TablesCell provides the standalone agent's Sink: l4xds's own tables.
+var TablesCell = cell.Provide(NewTablesSink)
+
+// NewTablesSink writes through w, as source loadbalancer.SourceXDS.
+func NewTablesSink(w *loadbalancer.Writer) Sink { return tablesSink{w} }
+
+type tablesSink struct{ w *loadbalancer.Writer }
+
+func (s tablesSink) WriteTxn() SinkTxn { return tablesTxn{s.w, s.w.WriteTxn()} }
+
+func (s tablesSink) RegisterInitializer(name string) func(SinkTxn) {
+	done := s.w.RegisterInitializer(name)
+	return func(txn SinkTxn) { done(txn.(tablesTxn).txn) }
+}
+
+type tablesTxn struct {
+	w   *loadbalancer.Writer
+	txn loadbalancer.WriteTxn
+}
+
+func (t tablesTxn) UpsertServiceAndFrontends(svc *loadbalancer.Service, fes ...loadbalancer.FrontendParams) error {
+	return t.w.UpsertServiceAndFrontends(t.txn, svc, fes...)
+}
+
+func (t tablesTxn) DeleteServiceAndFrontends(name loadbalancer.ServiceName) error {
+	_, err := t.w.DeleteServiceAndFrontends(t.txn, name)
+	return err
+}
+
+func (t tablesTxn) SetBackends(name loadbalancer.ServiceName, bes ...loadbalancer.BackendParams) error {
+	return t.w.SetBackends(t.txn, name, loadbalancer.SourceXDS, bes...)
+}
+
+func (t tablesTxn) Commit() { t.txn.Commit() }
