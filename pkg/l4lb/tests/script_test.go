@@ -9,27 +9,18 @@ package tests
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
 	"maps"
-	"net"
-	"path/filepath"
-	"regexp"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cilium/hive"
-	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/hive/script"
 	"github.com/cilium/hive/script/scripttest"
 	"github.com/cilium/statedb"
 
-	"github.com/l4xds/l4xds/pkg/controlplane"
-	"github.com/l4xds/l4xds/pkg/devcerts"
+	"github.com/l4xds/l4xds/pkg/controlplane/cptest"
 	"github.com/l4xds/l4xds/pkg/health"
 	"github.com/l4xds/l4xds/pkg/l4lb"
 	"github.com/l4xds/l4xds/pkg/loadbalancer"
@@ -51,13 +42,7 @@ func TestScript(t *testing.T) {
 // scripts say `hive start`) the agent's control-plane hive connected to it.
 func newEngine(tb testing.TB, protocol string) *script.Engine {
 	log := hivetest.Logger(tb)
-	certs := tb.TempDir()
-	if err := devcerts.Write(certs, devcerts.Options{}); err != nil {
-		tb.Fatal(err)
-	}
-	srv := &testServer{tb: tb, certs: certs}
-	srv.start("127.0.0.1:0")
-	tb.Cleanup(srv.stop)
+	srv := cptest.Start(tb)
 
 	h := hive.New(
 		job.Cell,
@@ -68,17 +53,7 @@ func newEngine(tb testing.TB, protocol string) *script.Engine {
 		l4lb.Cell,
 		l4lb.TablesCell,
 	)
-	hive.AddConfigOverride(h, func(c *xds.Config) {
-		c.EnableXDSControlPlane = true
-		c.XDSServerAddress = srv.addr
-		c.XDSServerName = "localhost"
-		c.XDSCACertPath = filepath.Join(certs, devcerts.CACert)
-		c.XDSClientCertPath = filepath.Join(certs, devcerts.ClientCert)
-		c.XDSClientKeyPath = filepath.Join(certs, devcerts.ClientKey)
-		c.XDSNodeID = "script-node"
-		c.XDSProtocol = protocol
-		c.XDSResourceDoesNotExistTimeout = 2 * time.Second
-	})
+	hive.AddConfigOverride(h, func(c *xds.Config) { srv.Configure(c, protocol) })
 	tb.Cleanup(func() { h.Stop(log, context.Background()) })
 
 	cmds, err := h.ScriptCommands(log)
@@ -86,150 +61,6 @@ func newEngine(tb testing.TB, protocol string) *script.Engine {
 		tb.Fatal(err)
 	}
 	maps.Insert(cmds, maps.All(script.DefaultCmds()))
-	maps.Insert(cmds, maps.All(srv.commands()))
+	maps.Insert(cmds, maps.All(srv.Commands()))
 	return &script.Engine{Cmds: cmds, RetryInterval: 100 * time.Millisecond, MaxRetryInterval: time.Second}
 }
-
-// testServer is the reference control plane in-process, restartable on the
-// same address, remembering the NACKs its clients sent.
-type testServer struct {
-	tb    testing.TB
-	certs string
-	addr  string
-
-	mu        sync.Mutex
-	srv       *controlplane.Server
-	resources controlplane.Resources
-	nacks     []string
-}
-
-func (s *testServer) start(addr string) {
-	tlsConfig, err := controlplane.ServerTLSConfig(
-		filepath.Join(s.certs, devcerts.ServerCert), filepath.Join(s.certs, devcerts.ServerKey),
-		filepath.Join(s.certs, devcerts.CACert))
-	if err != nil {
-		s.tb.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		s.tb.Fatal(err)
-	}
-	srv := controlplane.NewServer(controlplane.Options{
-		TLS:    tlsConfig,
-		Logger: slog.New(&nackRecorder{s: s, next: hivetest.Logger(s.tb).Handler()}),
-	})
-	s.mu.Lock()
-	s.addr, s.srv = lis.Addr().String(), srv
-	if s.resources != nil {
-		if err := srv.Set(s.resources); err != nil {
-			s.tb.Fatal(err)
-		}
-	}
-	s.mu.Unlock()
-	go srv.Serve(lis)
-}
-
-func (s *testServer) stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.srv != nil {
-		s.srv.Stop()
-		s.srv = nil
-	}
-}
-
-func (s *testServer) commands() map[string]script.Cmd {
-	return map[string]script.Cmd{
-		"xds-server/set": script.Command(
-			script.CmdUsage{Summary: "Serve the resources of a file (multi-document YAML) instead of the current ones", Args: "file"},
-			func(st *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 1 {
-					return nil, script.ErrUsage
-				}
-				res, err := controlplane.LoadFile(st.Path(args[0]))
-				if err != nil {
-					return nil, err
-				}
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				s.resources = res
-				if s.srv != nil {
-					return nil, s.srv.Set(res)
-				}
-				return nil, nil
-			}),
-		"xds-server/stop": script.Command(
-			script.CmdUsage{Summary: "Stop the server: every stream breaks, nobody answers"},
-			func(*script.State, ...string) (script.WaitFunc, error) { s.stop(); return nil, nil }),
-		"xds-server/start": script.Command(
-			script.CmdUsage{Summary: "Start the server again on the same address, serving the last set resources"},
-			func(*script.State, ...string) (script.WaitFunc, error) { s.start(s.addr); return nil, nil }),
-		"xds-server/nack": script.Command(
-			script.CmdUsage{Summary: "Wait until a client NACKed with an error_detail matching the pattern", Args: "pattern"},
-			func(st *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 1 {
-					return nil, script.ErrUsage
-				}
-				re, err := regexp.Compile(args[0])
-				if err != nil {
-					return nil, err
-				}
-				for {
-					s.mu.Lock()
-					nacks := s.nacks
-					s.mu.Unlock()
-					for _, n := range nacks {
-						if re.MatchString(n) {
-							st.Logf("NACK: %s\n", n)
-							return nil, nil
-						}
-					}
-					select {
-					case <-st.Context().Done():
-						return nil, fmt.Errorf("no NACK matched %q; NACKs: %q", args[0], nacks)
-					case <-time.After(50 * time.Millisecond):
-					}
-				}
-			}),
-		"xds-server/clear-nacks": script.Command(
-			script.CmdUsage{Summary: "Forget the NACKs seen so far"},
-			func(*script.State, ...string) (script.WaitFunc, error) {
-				s.mu.Lock()
-				s.nacks = nil
-				s.mu.Unlock()
-				return nil, nil
-			}),
-	}
-}
-
-// nackRecorder keeps the error_detail of every NACK the server logs.
-type nackRecorder struct {
-	s    *testServer
-	next slog.Handler
-}
-
-func (r *nackRecorder) Enabled(ctx context.Context, l slog.Level) bool { return true }
-
-func (r *nackRecorder) Handle(ctx context.Context, rec slog.Record) error {
-	if strings.Contains(rec.Message, "NACK") {
-		rec.Attrs(func(a slog.Attr) bool {
-			if a.Key == "error" {
-				r.s.mu.Lock()
-				r.s.nacks = append(r.s.nacks, a.Value.String())
-				r.s.mu.Unlock()
-			}
-			return true
-		})
-	}
-	return r.next.Handle(ctx, rec)
-}
-
-func (r *nackRecorder) WithAttrs(as []slog.Attr) slog.Handler {
-	return &nackRecorder{s: r.s, next: r.next.WithAttrs(as)}
-}
-
-func (r *nackRecorder) WithGroup(g string) slog.Handler {
-	return &nackRecorder{s: r.s, next: r.next.WithGroup(g)}
-}
-
-var _ cell.Health // the health cell is part of the hive under test
