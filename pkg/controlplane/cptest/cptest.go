@@ -102,6 +102,18 @@ func (s *Server) stop() {
 	}
 }
 
+// Set serves res instead of the current resources (also while stopped:
+// the next start serves them).
+func (s *Server) Set(res controlplane.Resources) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resources = res
+	if s.srv != nil {
+		return s.srv.Set(res)
+	}
+	return nil
+}
+
 // Commands are the xds-server/* script commands.
 func (s *Server) Commands() map[string]script.Cmd {
 	return map[string]script.Cmd{
@@ -115,13 +127,7 @@ func (s *Server) Commands() map[string]script.Cmd {
 				if err != nil {
 					return nil, err
 				}
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				s.resources = res
-				if s.srv != nil {
-					return nil, s.srv.Set(res)
-				}
-				return nil, nil
+				return nil, s.Set(res)
 			}),
 		"xds-server/stop": script.Command(
 			script.CmdUsage{Summary: "Stop the server: every stream breaks, nobody answers"},
