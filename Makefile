@@ -5,7 +5,7 @@ BIN      := bin
 BINARIES := l4xds-agent l4xds-dbg l4xds-control-plane
 PKGS     := ./...
 
-.PHONY: all build test bench fuzz generate demo docs lint clean
+.PHONY: all build test test-cilium bench fuzz generate demo demo-cilium docs lint clean
 
 all: build
 
@@ -22,6 +22,13 @@ test: build
 	$(GO) vet $(PKGS)
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m $(PKGS)
 	cd $(CHART_TEST) && $(GO) vet ./... && L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
+	$(MAKE) test-cilium
+
+# The Cilium module (cilium/): Cilium's agent with our cell, its script
+# tests on Cilium's tables and maps, the upstream chart, and as root the real
+# agent serving real traffic. Go's build cache keeps the agent's build.
+test-cilium: build
+	$(MAKE) -C cilium test L4XDS_BIN=$(CURDIR)/$(BIN)
 
 # Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of
@@ -31,6 +38,7 @@ BENCH_E2E := ./test/bench
 bench: build
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m $$($(GO) list $(PKGS) | grep -v '/test/bench$$')
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchtime=1x -count=1 -timeout 60m $(BENCH_E2E)
+	cd cilium && $(GO) test -run '^$$' -bench Convergence -benchtime=1x -count=1 -timeout 60m ./l4xds
 
 # Fuzz the io.cilium.l4lb translation (FUZZTIME=5m for longer).
 FUZZTIME ?= 60s
@@ -46,6 +54,11 @@ generate:
 demo: build
 	./test/demo.sh
 
+# The same inside Cilium: Cilium's agent with our cell, in its own namespaces,
+# serving the CFP example and a UDP 70/30 service to real clients.
+demo-cilium: build
+	$(MAKE) -C cilium demo L4XDS_BIN=$(CURDIR)/$(BIN)
+
 # Regenerates the generated parts of Documentation/ (the agent's flag table,
 # the command reference) from the binaries' --help; `make test` checks them.
 docs: build
@@ -55,6 +68,7 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet $(PKGS)
 	cd $(CHART_TEST) && $(GO) vet ./...
+	cd cilium && $(GO) vet ./...
 	@command -v shellcheck >/dev/null || { echo "shellcheck is missing: apt-get install shellcheck"; exit 1; }
 	shellcheck test/demo.sh test/kind/*.sh .ci/run
 

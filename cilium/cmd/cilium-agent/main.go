@@ -7,10 +7,12 @@ package main
 import (
 	"github.com/cilium/cilium/daemon/cmd"
 	"github.com/cilium/cilium/pkg/hive"
+
+	"github.com/l4xds/l4xds/cilium/l4xds"
 )
 
 func main() {
 	cmd.Execute(cmd.NewAgentCmd(func() *hive.Hive {
-		return hive.New(cmd.Agent)
+		return hive.New(cmd.Agent, l4xds.Cell)
 	}))
 }

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package l4xds is the l4xds cell for cilium-agent: our xDS client and
+// l4lb translation, writing Cilium's load-balancing tables so that Cilium's
+// BPF reconciler and datapath serve the xDS services. Its flags are the
+// standalone agent's xDS flags, plus --xds-control-plane for the CFP's
+// configuration block.
+package l4xds
+
+import (
+	"log/slog"
+
+	"github.com/cilium/hive/cell"
+
+	"github.com/cilium/cilium/pkg/loadbalancer"
+
+	"github.com/l4xds/l4xds/cilium/sink"
+	"github.com/l4xds/l4xds/pkg/l4lb"
+	"github.com/l4xds/l4xds/pkg/xds"
+)
+
+// Cell is added to Cilium's agent hive (cmd/cilium-agent).
+var Cell = cell.Module(
+	"l4xds",
+	"xDS-controlled L4 load balancing in Cilium's tables",
+
+	cell.Config(defaultBlock),
+	cell.Decorate(
+		applyBlock,
+		xds.Cell,
+		l4lb.Cell,
+		cell.Invoke(warnUnweighted),
+	),
+	cell.Provide(sink.New),
+)
+
+// warnUnweighted says once at start-up when Cilium would ignore the xDS
+// weights: they take effect only with Maglev, which the sink asks for per
+// service through the lb-algorithm annotation.
+func warnUnweighted(cfg xds.Config, lbcfg loadbalancer.Config, log *slog.Logger) {
+	if !cfg.EnableXDSControlPlane || lbcfg.LBAlgorithm == loadbalancer.LBAlgorithmMaglev || lbcfg.AlgorithmAnnotation {
+		return
+	}
+	log.Warn("xDS endpoint weights are ignored: Cilium weighs backends only with Maglev; set bpf-lb-algorithm-annotation=true (or bpf-lb-algorithm=maglev)",
+		"bpf-lb-algorithm", lbcfg.LBAlgorithm)
+}

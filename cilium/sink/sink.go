@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package sink writes the l4lb translation into Cilium's load-balancing
+// tables (github.com/cilium/cilium/pkg/loadbalancer), through Cilium's own
+// Writer, so that Cilium's BPF reconciler and datapath serve the xDS
+// services. It is the Cilium twin of l4lb.NewTablesSink: the rules of the
+// translation stay in pkg/l4lb; what is here is only how each of our rows is
+// said in Cilium's vocabulary.
+package sink
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/cilium/pkg/annotation"
+	cmtypes "github.com/cilium/cilium/pkg/clustermesh/types"
+	clb "github.com/cilium/cilium/pkg/loadbalancer"
+	"github.com/cilium/cilium/pkg/loadbalancer/writer"
+	"github.com/cilium/cilium/pkg/source"
+	"github.com/cilium/statedb"
+
+	"github.com/l4xds/l4xds/pkg/l4lb"
+	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+const (
+	// Source owns every row the sink writes; Cilium's other sources
+	// (Kubernetes, the file reflector) are never touched.
+	Source = source.Source("xds")
+	// Namespace is the namespace of every xDS service in Cilium's tables:
+	// cluster "db" is service "xds/db".
+	Namespace = "xds"
+)
+
+// ServiceName is the name of an xDS service in Cilium's tables.
+func ServiceName(name lb.ServiceName) clb.ServiceName {
+	return clb.NewServiceName(Namespace, string(name))
+}
+
+// New returns the sink that writes through Cilium's Writer.
+func New(w *writer.Writer) l4lb.Sink {
+	return &Sink{w: w, services: map[lb.ServiceName]*service{}}
+}
+
+// Sink is an l4lb.Sink over Cilium's Writer.
+//
+// Two things our rows say that Cilium's cannot say directly are mapped:
+//   - A frontend's target port (ServicePort) replaces the port of every
+//     backend. Cilium selects a frontend's backends by protocol and port
+//     name, so each (protocol, target port) of a service becomes a port
+//     name, and each backend is written once per port name with that port.
+//   - Locality priority (failover): only the lowest priority that has an
+//     active backend takes new flows. Cilium has no priorities, so the
+//     backends of the other priorities are written in Maintenance (kept,
+//     no new flows) and rewritten when the active priority changes. So is
+//     a backend of weight 0.
+type Sink struct {
+	w *writer.Writer
+	// services remembers what each service's rows were made from, so that a
+	// change of its frontends' target ports rewrites its backends. Guarded
+	// by the tables' write lock: only a WriteTxn touches it.
+	services map[lb.ServiceName]*service
+}
+
+type service struct {
+	ports    []portName // one per (protocol, target port) of the frontends
+	backends []lb.BackendParams
+}
+
+// portName is one (protocol, target port) of a service: the backends its
+// frontends use. Target 0 means the backend's own port.
+type portName struct {
+	proto  clb.L4Type
+	target uint16
+}
+
+// String is the port name in Cilium's tables: "tcp", or "tcp-5353" for a
+// target port.
+func (p portName) String() string {
+	s := strings.ToLower(p.proto)
+	if p.target != 0 {
+		s += "-" + strconv.Itoa(int(p.target))
+	}
+	return s
+}
+
+func (s *Sink) WriteTxn() l4lb.SinkTxn { return &txn{s: s, txn: s.w.WriteTxn()} }
+
+func (s *Sink) RegisterInitializer(name string) func(l4lb.SinkTxn) {
+	done := s.w.RegisterInitializer(name)
+	return func(t l4lb.SinkTxn) { done(t.(*txn).txn) }
+}
+
+type txn struct {
+	s   *Sink
+	txn writer.WriteTxn
+}
+
+func (t *txn) Commit() { t.txn.Commit() }
+
+func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParams) error {
+	name := ServiceName(svc.Name)
+	var ports []portName
+	cfes := make([]clb.FrontendParams, 0, len(fes))
+	for _, fe := range fes {
+		proto, err := l4Type(fe.Address.Protocol)
+		if err != nil {
+			return fmt.Errorf("service %q: frontend %s: %w", svc.Name, fe.Address, err)
+		}
+		p := portName{proto, fe.ServicePort}
+		if !slices.Contains(ports, p) {
+			ports = append(ports, p)
+		}
+		cfes = append(cfes, clb.FrontendParams{
+			Address:     clb.NewL3n4Addr(proto, cmtypes.AddrClusterFrom(fe.Address.Addr, 0), fe.Address.Port, clb.ScopeExternal),
+			Type:        clb.SVCTypeLoadBalancer,
+			ServiceName: name,
+			PortName:    clb.FEPortName(p.String()),
+		})
+	}
+	// Cilium's writer upserts the service before it finds a conflict in
+	// the frontends; check first so that a refused update changes nothing.
+	// The error is the standalone writer's, word for word.
+	for i, fe := range cfes {
+		if old, _, found := t.s.w.Frontends().Get(t.txn, clb.FrontendByAddress(fe.Address)); found && !old.ServiceName.Equal(name) {
+			return fmt.Errorf("frontend %s is owned by service %q: %w", fes[i].Address, owner(old.ServiceName), lb.ErrFrontendConflict)
+		}
+	}
+	csvc := &clb.Service{
+		Name:   name,
+		Source: Source,
+		// Weights take effect only with Maglev: ask for it per service
+		// (honoured with --bpf-lb-algorithm-annotation).
+		Annotations:            map[string]string{annotation.ServiceLoadBalancingAlgorithm: string(clb.SVCLoadBalancingAlgorithmMaglev)},
+		ExtTrafficPolicy:       clb.SVCTrafficPolicyCluster,
+		IntTrafficPolicy:       clb.SVCTrafficPolicyCluster,
+		SessionAffinity:        svc.SessionAffinity,
+		SessionAffinityTimeout: svc.SessionAffinityTimeout,
+		SourceRanges:           svc.SourceRanges,
+		PortNames:              svc.PortNames,
+	}
+	for k, v := range svc.Labels {
+		csvc.Annotations["l4xds.io/"+k] = v
+	}
+	if err := t.s.w.UpsertServiceAndFrontends(t.txn, csvc, cfes...); err != nil {
+		if errors.Is(err, clb.ErrFrontendConflict) {
+			err = fmt.Errorf("%w: %w", lb.ErrFrontendConflict, err)
+		}
+		return fmt.Errorf("service %q: %w", svc.Name, err)
+	}
+	st := t.s.state(svc.Name)
+	if slices.Equal(st.ports, ports) {
+		return nil
+	}
+	st.ports = ports
+	return t.writeBackends(svc.Name, st)
+}
+
+// owner names the service of a frontend as the standalone agent would: a
+// cluster by its name, any other Cilium service (Kubernetes, say) in full.
+func owner(n clb.ServiceName) string {
+	if n.Namespace() == Namespace && n.Cluster() == "" {
+		return n.Name()
+	}
+	return n.String()
+}
+
+func (t *txn) DeleteServiceAndFrontends(name lb.ServiceName) error {
+	if _, err := t.s.w.DeleteServiceAndFrontends(t.txn, ServiceName(name)); err != nil && !errors.Is(err, statedb.ErrObjectNotFound) {
+		return fmt.Errorf("service %q: %w", name, err)
+	}
+	if st := t.s.services[name]; st != nil {
+		st.ports = nil
+		t.s.forget(name, st)
+	}
+	return nil
+}
+
+func (t *txn) SetBackends(name lb.ServiceName, bes ...lb.BackendParams) error {
+	st := t.s.state(name)
+	st.backends = slices.Clone(bes)
+	err := t.writeBackends(name, st)
+	t.s.forget(name, st)
+	return err
+}
+
+func (s *Sink) state(name lb.ServiceName) *service {
+	st := s.services[name]
+	if st == nil {
+		st = &service{}
+		s.services[name] = st
+	}
+	return st
+}
+
+func (s *Sink) forget(name lb.ServiceName, st *service) {
+	if st.ports == nil && st.backends == nil {
+		delete(s.services, name)
+	}
+}
+
+// writeBackends writes the service's backends once per port name.
+// Backends whose service has no frontends yet are kept until it has.
+func (t *txn) writeBackends(name lb.ServiceName, st *service) error {
+	active4, active6 := activePriority(st.backends, true), activePriority(st.backends, false)
+	var cbes []clb.Backend
+	for _, p := range st.ports {
+		for _, be := range st.backends {
+			port := be.Address.Port
+			if p.target != 0 {
+				port = p.target
+			}
+			state, err := backendState(be.State)
+			if err != nil {
+				return fmt.Errorf("service %q: backend %s: %w", name, be.Address, err)
+			}
+			// No new flows without a weight, or outside the active
+			// priority: kept for its flows, as Cilium's Kubernetes source
+			// keeps a backend of weight 0.
+			active := active6
+			if be.Address.Addr.Unmap().Is4() {
+				active = active4
+			}
+			if state == clb.BackendStateActive && (be.Weight == 0 || be.Priority != active) {
+				state = clb.BackendStateMaintenance
+			}
+			cbe := clb.Backend{
+				Address:   clb.NewL3n4Addr(p.proto, cmtypes.AddrClusterFrom(be.Address.Addr, 0), port, clb.ScopeExternal),
+				PortNames: []string{p.String()},
+				Weight:    be.Weight,
+				State:     state,
+			}
+			if be.Zone != "" {
+				cbe.Zone = &clb.BackendZone{Zone: be.Zone}
+			}
+			// Two port names may give a backend the same address: one row
+			// that carries both names.
+			if i := slices.IndexFunc(cbes, func(o clb.Backend) bool { return o.Address == cbe.Address }); i >= 0 {
+				cbes[i].PortNames = append(cbes[i].PortNames, p.String())
+				continue
+			}
+			cbes = append(cbes, cbe)
+		}
+	}
+	if err := t.s.w.SetBackends(t.txn, ServiceName(name), Source, cbes...); err != nil {
+		return fmt.Errorf("service %q: %w", name, err)
+	}
+	return nil
+}
+
+// activePriority is the lowest priority that has an active backend with a
+// weight, among the backends of one IP family (a frontend's backends are of
+// its family, as in the standalone datapath); 0 when none has.
+func activePriority(bes []lb.BackendParams, is4 bool) uint32 {
+	best, found := uint32(0), false
+	for _, be := range bes {
+		if be.Address.Addr.Unmap().Is4() != is4 {
+			continue
+		}
+		if be.State == lb.BackendStateActive && be.Weight > 0 && (!found || be.Priority < best) {
+			best, found = be.Priority, true
+		}
+	}
+	return best
+}
+
+func l4Type(t lb.L4Type) (clb.L4Type, error) {
+	switch t {
+	case lb.TCP:
+		return clb.TCP, nil
+	case lb.UDP:
+		return clb.UDP, nil
+	}
+	return "", fmt.Errorf("protocol %q is not served", t)
+}
+
+// backendState maps our states to Cilium's. A draining backend keeps its
+// flows and takes no new ones even when no backend is active: Cilium's
+// TerminatingNotServing, not Terminating (which Cilium uses as a fallback).
+func backendState(s lb.BackendState) (clb.BackendState, error) {
+	switch s {
+	case lb.BackendStateActive:
+		return clb.BackendStateActive, nil
+	case lb.BackendStateTerminating:
+		return clb.BackendStateTerminatingNotServing, nil
+	case lb.BackendStateQuarantined:
+		return clb.BackendStateQuarantined, nil
+	case lb.BackendStateMaintenance:
+		return clb.BackendStateMaintenance, nil
+	}
+	return 0, fmt.Errorf("state %s has no Cilium equivalent", s)
+}
