@@ -17,6 +17,9 @@
 // bi and then br0. Interfaces are created inside the namespaces, so their
 // names never collide with the host's or another topology's; namespaces
 // carry a per-topology prefix.
+//
+// Main runs a package's tests in namespaces of their own; Add, IP and Do
+// give a test a namespace of its own shape and run code in it.
 package netns
 
 import (
