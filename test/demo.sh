@@ -25,6 +25,18 @@ for b in l4xds-agent l4xds-control-plane l4xds-dbg l4xds-traffic; do
 	[ -x "$BIN/$b" ] || { say "Building"; make build; break; }
 done
 
+# The demo runs in network, mount and PID namespaces of its own: its
+# namespaces, bpffs and processes go with it however it ends (even
+# SIGKILL), and the host's network settings do not reach it.
+if [ -z "${L4XDS_DEMO_ISOLATED:-}" ] && command -v unshare >/dev/null; then
+	exec env L4XDS_DEMO_ISOLATED=1 unshare --net --mount --pid --fork --kill-child --mount-proc "$PWD/test/demo.sh" "$@"
+fi
+if [ -n "${L4XDS_DEMO_ISOLATED:-}" ]; then
+	mkdir -p /run/netns
+	mount -t tmpfs -o mode=0755 tmpfs /run/netns
+	ip link set lo up
+fi
+
 work=$(mktemp -d -t l4xds-demo.XXXXXX)
 prefix=l4xdemo$(printf '%04x' $((RANDOM)))
 client=$prefix-client lb=$prefix-lb
@@ -95,11 +107,15 @@ say "Network namespaces: client 10.0.0.2 -> LB 10.0.0.1 | bridge 192.168.1.1 -> 
 for ns in "$client" "$lb" "${backends[@]}"; do
 	ip netns add "$ns"
 	namespaces+=("$ns")
-	setsys "$ns" net/ipv6/conf/all/accept_dad=0 net/ipv6/conf/default/accept_dad=0
+	# Set explicitly: a new namespace inherits the host's IPv4 settings.
+	setsys "$ns" net/ipv6/conf/all/accept_dad=0 net/ipv6/conf/default/accept_dad=0 \
+		net/ipv4/ip_forward=0 net/ipv4/conf/all/rp_filter=0 net/ipv4/conf/default/rp_filter=0
 	ip -n "$ns" link set lo up
 done
-setsys "$lb" net/ipv4/ip_forward=1 net/ipv6/conf/all/forwarding=1 \
-	net/ipv4/conf/all/rp_filter=0 net/ipv4/conf/default/rp_filter=0
+setsys "$lb" net/ipv4/ip_forward=1 net/ipv6/conf/all/forwarding=1
+# Bridged frames skip iptables, as where br_netfilter is not loaded.
+# shellcheck disable=SC2016 # $f expands in the namespace's shell
+in_ns "$lb" sh -c '[ ! -d /proc/sys/net/bridge ] || for f in iptables ip6tables arptables; do echo 0 > /proc/sys/net/bridge/bridge-nf-call-$f; done'
 ip -n "$lb" link add c0 type veth peer name eth0 netns "$client"
 ip -n "$lb" addr add 10.0.0.1/24 dev c0
 ip -n "$lb" addr add fd00::1/64 dev c0 nodad

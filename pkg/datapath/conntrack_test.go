@@ -15,6 +15,7 @@ import (
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
+	"github.com/l4xds/l4xds/test/netns"
 )
 
 func TestCTEntryDecodesBothDirections(t *testing.T) {
@@ -99,10 +100,38 @@ func TestKtimeIsMonotonic(t *testing.T) {
 	}
 }
 
+// Verdicts of BPF_PROG_RUN.
+const (
+	tcxNext     = -1 // translated, passed on to the stack
+	tcxRedirect = 7  // translated, sent to the next hop the FIB lookup found
+)
+
 // The program itself writes the entries of a flow (BPF_PROG_RUN), and the
-// reader finds the client, the VIP, the backend and the lifetime left.
+// reader finds the client, the VIP, the backend and the lifetime left. The
+// program's FIB lookup runs in the namespace of the thread: each case sets
+// up its own, for either path.
 func TestPrivilegedConntrackReadsTheEntriesOfAFlow(t *testing.T) {
 	needRoot(t)
+	t.Run("forwarding off: passed on", func(t *testing.T) {
+		ns := netns.Add(t, "net.ipv4.ip_forward=0")
+		netns.Do(t, ns, func() { conntrackOfAFlow(t, tcxNext) })
+	})
+	t.Run("forwarding on, routes to both ends: redirected", func(t *testing.T) {
+		ns := netns.Add(t, "net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0")
+		for _, l := range []struct{ dev, addr string }{{"lan", "192.168.1.1/24"}, {"wan", "10.0.0.1/24"}} {
+			netns.IP(t, "-n", ns, "link", "add", l.dev, "type", "veth", "peer", "name", l.dev+"p")
+			netns.IP(t, "-n", ns, "addr", "add", l.addr, "dev", l.dev)
+			netns.IP(t, "-n", ns, "link", "set", l.dev+"p", "up")
+			netns.IP(t, "-n", ns, "link", "set", l.dev, "up")
+		}
+		netns.Do(t, ns, func() { conntrackOfAFlow(t, tcxRedirect) })
+	})
+}
+
+// conntrackOfAFlow runs a flow through the program, each packet getting
+// verdict, and reads its entries.
+func conntrackOfAFlow(t *testing.T, verdict int32) {
+	t.Helper()
 	root := bpffs(t)
 	dp := load(t, testConfig(root))
 	defer dp.Close()
@@ -123,8 +152,8 @@ func TestPrivilegedConntrackReadsTheEntriesOfAFlow(t *testing.T) {
 	run := func(src, dst netip.AddrPort, flags uint8) {
 		t.Helper()
 		ret, err := dp.objs.L4xdsIngress.Run(&ebpf.RunOptions{Data: tcp4Frame(src, dst, flags)})
-		if err != nil || int32(ret) != -1 { // TCX_NEXT: translated, passed on
-			t.Fatalf("BPF_PROG_RUN %s -> %s: verdict %d, %v", src, dst, int32(ret), err)
+		if err != nil || int32(ret) != verdict {
+			t.Fatalf("BPF_PROG_RUN %s -> %s: verdict %d, %v; want %d", src, dst, int32(ret), err, verdict)
 		}
 	}
 	entries := func() []CTEntry {

@@ -12,12 +12,13 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/l4xds/l4xds/test/netns"
 )
 
 func needRoot(t *testing.T) {
@@ -28,19 +29,7 @@ func needRoot(t *testing.T) {
 }
 
 // bpffs mounts a BPF filesystem in a temporary directory for the test.
-func bpffs(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := syscall.Mount("bpffs", dir, "bpf", 0, ""); err != nil {
-		t.Fatalf("mount bpffs at %s: %v", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
+func bpffs(t *testing.T) string { return netns.MountBPFFS(t) }
 
 // testDevice creates a veth pair with a unique name, deleted when the test
 // ends (which also detaches what is attached to it). (Veth rather than

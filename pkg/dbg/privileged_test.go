@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,6 +30,7 @@ import (
 	"github.com/l4xds/l4xds/pkg/health"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
 	"github.com/l4xds/l4xds/pkg/xds"
+	"github.com/l4xds/l4xds/test/netns"
 )
 
 // agent is the agent's cells minus the xDS translation, with a BPF
@@ -47,11 +47,7 @@ func startAgent(t *testing.T) *agent {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mounts a BPF filesystem and loads the datapath")
 	}
-	a := &agent{root: t.TempDir(), socket: filepath.Join(t.TempDir(), "agent.sock")}
-	if err := syscall.Mount("bpffs", a.root, "bpf", 0, ""); err != nil {
-		t.Fatalf("mount bpffs at %s: %v", a.root, err)
-	}
-	t.Cleanup(func() { syscall.Unmount(a.root, syscall.MNT_DETACH) })
+	a := &agent{root: netns.MountBPFFS(t), socket: filepath.Join(t.TempDir(), "agent.sock")}
 
 	var done func(lb.WriteTxn)
 	h := hive.New(

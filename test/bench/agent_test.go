@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/l4xds/l4xds/pkg/l4lb"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
 	"github.com/l4xds/l4xds/pkg/xds"
+	"github.com/l4xds/l4xds/test/netns"
 )
 
 // agent is the agent's hive (xDS client, l4lb, loadbalancer, datapath)
@@ -65,7 +65,7 @@ func startAgent(tb testing.TB, srv *server, protocol string) *agent {
 	hooks := datapath.Hooks{Written: a.written}
 	dpConfig := datapath.DefaultConfig
 	if useBPF() {
-		a.bpfRoot = bpffs(tb)
+		a.bpfRoot = netns.MountBPFFS(tb)
 		dpConfig.BPFRoot = a.bpfRoot
 	} else {
 		a.fake = datapath.NewFakeMaps()
@@ -111,17 +111,6 @@ func (a *agent) stop() {
 		a.h.Stop(a.log, context.Background())
 	}
 	a.h, a.db, a.frontends, a.resources, a.fake = nil, nil, nil, nil, nil
-}
-
-// bpffs mounts a BPF filesystem in a temporary directory.
-func bpffs(tb testing.TB) string {
-	tb.Helper()
-	dir := tb.TempDir()
-	if err := syscall.Mount("bpffs", dir, "bpf", 0, ""); err != nil {
-		tb.Fatalf("mount bpffs at %s: %v", dir, err)
-	}
-	tb.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
-	return dir
 }
 
 func (a *agent) written(fe lb.L3n4Addr) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/l4xds/l4xds/pkg/datapath"
 	"github.com/l4xds/l4xds/pkg/devcerts"
+	"github.com/l4xds/l4xds/test/netns"
 )
 
 // BenchmarkAgentProcess runs the agent binary ($L4XDS_BIN/l4xds-agent, as
@@ -45,7 +46,7 @@ func BenchmarkAgentProcess(b *testing.B) {
 func measureAgentProcess(tb testing.TB, agentBin string, s shape, protocol string) string {
 	tb.Helper()
 	srv := startServer(tb)
-	root, dir := bpffs(tb), tb.TempDir()
+	root, dir := netns.MountBPFFS(tb), tb.TempDir()
 	logFile, err := os.Create(filepath.Join(dir, "agent.log"))
 	if err != nil {
 		tb.Fatal(err)

@@ -153,8 +153,10 @@ func TestPrivilegedMetricsOfTheDatapath(t *testing.T) {
 	if v := m.get("l4xds_datapath_service_drops_total", "frontend", web.String()); v != 0 {
 		t.Errorf("%s: %v drops, want none", web, v)
 	}
-	if v := m.get("l4xds_datapath_reconcile_duration_seconds", "operation", "update"); v < 2 {
-		t.Errorf("%v updates observed, want one per frontend at least", v)
+	// One observation per round of the reconciler, which may carry both
+	// frontends (the datapath writes them as a batch).
+	if v := m.get("l4xds_datapath_reconcile_duration_seconds", "operation", "update"); v < 1 {
+		t.Errorf("%v updates observed, want at least one round", v)
 	}
 	for status, want := range map[string]float64{"done": 2, "pending": 0, "error": 0} {
 		if v, ok := m.value("l4xds_datapath_frontends", "status", status); !ok || v != want {

@@ -9,10 +9,11 @@ import (
 	"testing"
 )
 
-// MountBPFFS mounts a bpffs on a new temporary directory, in the root mount
-// namespace: `ip netns exec` remounts only /sys, so an agent in a
-// topology's namespace sees this one, and its pins survive an agent
-// restart. Unmounted when the test or benchmark ends.
+// MountBPFFS mounts a bpffs on a new temporary directory, in the test's
+// mount namespace (Main's): `ip netns exec` remounts only /sys, so an agent
+// in a topology's namespace sees this one, and its pins survive an agent
+// restart. Unmounted when the test or benchmark ends, and gone with the
+// mount namespace if the run is killed.
 func MountBPFFS(tb testing.TB) string {
 	tb.Helper()
 	dir := filepath.Join(tb.TempDir(), "bpffs")

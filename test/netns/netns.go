@@ -17,6 +17,9 @@
 // bi and then br0. Interfaces are created inside the namespaces, so their
 // names never collide with the host's or another topology's; namespaces
 // carry a per-topology prefix.
+//
+// Main runs a package's tests in namespaces of their own; Add, IP and Do
+// give a test a namespace of its own shape and run code in it.
 package netns
 
 import (
@@ -183,18 +186,28 @@ func (t *Topology) create() error {
 	lb := t.LB
 	// The LB (and the router) forward; rp_filter off because replies and
 	// DNATed packets cross interfaces a strict reverse-path check would not
-	// expect.
-	for _, ns := range []string{lb, t.Router} {
-		if ns == "" {
-			continue
+	// expect. The client and the backends are hosts. All set explicitly: a
+	// new namespace inherits the IPv4 settings of the host's (ip_forward is
+	// on where Docker runs).
+	for _, ns := range t.Namespaces() {
+		forward := "0"
+		if ns == lb || ns == t.Router {
+			forward = "1"
 		}
 		if err := sysctl(ns,
-			"net.ipv4.ip_forward=1",
-			"net.ipv6.conf.all.forwarding=1",
+			"net.ipv4.ip_forward="+forward,
+			"net.ipv6.conf.all.forwarding="+forward,
 			"net.ipv4.conf.all.rp_filter=0",
 			"net.ipv4.conf.default.rp_filter=0"); err != nil {
 			return err
 		}
+	}
+	// Bridged frames skip iptables and nftables, as where br_netfilter is
+	// not loaded (Docker loads it; its sysctls are then on in every new
+	// namespace).
+	if out, err := Command(context.Background(), lb, "sh", "-ec",
+		"[ ! -d /proc/sys/net/bridge ] || for f in iptables ip6tables arptables; do echo 0 > /proc/sys/net/bridge/bridge-nf-call-$f; done").CombinedOutput(); err != nil {
+		return fmt.Errorf("br_netfilter off in %s: %w: %s", lb, err, bytes.TrimSpace(out))
 	}
 	// The LB's neighbour on c0: the client, or the router.
 	neighbour := t.Client

@@ -45,6 +45,18 @@ func TestPrivilegedTopologyIsCreatedAndDeletedWhole(t *testing.T) {
 	if err != nil || !slices.Equal(strings.Fields(string(out)), []string{"1", "1", "0"}) {
 		t.Errorf("LB sysctls ip_forward, forwarding, br0 rp_filter: %q, %v; want 1 1 0", out, err)
 	}
+	if _, err := os.Stat("/proc/sys/net/bridge"); err == nil {
+		out, err := Command(context.Background(), topo.LB, "cat", "/proc/sys/net/bridge/bridge-nf-call-iptables", "/proc/sys/net/bridge/bridge-nf-call-ip6tables").Output()
+		if err != nil || !slices.Equal(strings.Fields(string(out)), []string{"0", "0"}) {
+			t.Errorf("LB sysctls bridge-nf-call-iptables, -ip6tables: %q, %v; want 0 0", out, err)
+		}
+	}
+	for _, ns := range []string{topo.Client, topo.Backends[0].NS} {
+		out, err := Command(context.Background(), ns, "cat", "/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding").Output()
+		if err != nil || !slices.Equal(strings.Fields(string(out)), []string{"0", "0"}) {
+			t.Errorf("%s sysctls ip_forward, forwarding: %q, %v; want 0 0", ns, out, err)
+		}
+	}
 
 	// A process left in a namespace does not keep it alive.
 	sleeper := Command(context.Background(), topo.Backends[0].NS, "sleep", "600")

@@ -17,6 +17,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
+
+	"github.com/l4xds/l4xds/test/netns"
 )
 
 // The cost of the program per packet, as the kernel measures it around the
@@ -106,7 +108,7 @@ func BenchmarkProgRun(b *testing.B) {
 	}
 	ns := routedNetns(b)
 	in := func(bench func(b *testing.B)) func(b *testing.B) {
-		return func(b *testing.B) { inNetns(b, ns, func() { bench(b) }) }
+		return func(b *testing.B) { netns.Do(b, ns, func() { bench(b) }) }
 	}
 	b.Run("path=empty", in(benchEmpty))
 	for _, c := range benchCases() {

@@ -3,17 +3,11 @@
 package bpf
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/l4xds/l4xds/test/netns"
 )
 
 // A translated packet goes straight to its next hop (fib_forward): what
@@ -30,63 +24,18 @@ func routedNetns(tb testing.TB) string {
 	if _, err := exec.LookPath("ip"); err != nil {
 		tb.Skipf("needs ip(8) from iproute2: %v", err)
 	}
-	b := make([]byte, 3)
-	rand.Read(b)
-	ns := "l4xbpf" + hex.EncodeToString(b)
-	ip := func(args ...string) {
-		tb.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			tb.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	ip("netns", "add", ns)
-	tb.Cleanup(func() { exec.Command("ip", "netns", "delete", ns).Run() })
-	sysctl := "echo 1 > /proc/sys/net/ipv4/ip_forward; echo 1 > /proc/sys/net/ipv6/conf/all/forwarding"
-	if out, err := exec.Command("ip", "netns", "exec", ns, "sh", "-ec", sysctl).CombinedOutput(); err != nil {
-		tb.Fatalf("forwarding in %s: %v: %s", ns, err, out)
-	}
-	ip("-n", ns, "link", "set", "lo", "up")
+	ns := netns.Add(tb, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 	for _, l := range []struct{ dev, v4, v6 string }{
 		{"lan", "10.1.0.254/24", "fd00::fe/64"},
 		{"wan", "198.51.100.254/24", "2001:db8:1::fe/64"},
 	} {
-		ip("-n", ns, "link", "add", l.dev, "type", "veth", "peer", "name", l.dev+"p")
-		ip("-n", ns, "link", "set", l.dev+"p", "up")
-		ip("-n", ns, "link", "set", l.dev, "up")
-		ip("-n", ns, "addr", "add", l.v4, "dev", l.dev)
-		ip("-n", ns, "addr", "add", l.v6, "dev", l.dev, "nodad")
+		netns.IP(tb, "-n", ns, "link", "add", l.dev, "type", "veth", "peer", "name", l.dev+"p")
+		netns.IP(tb, "-n", ns, "link", "set", l.dev+"p", "up")
+		netns.IP(tb, "-n", ns, "link", "set", l.dev, "up")
+		netns.IP(tb, "-n", ns, "addr", "add", l.v4, "dev", l.dev)
+		netns.IP(tb, "-n", ns, "addr", "add", l.v6, "dev", l.dev, "nodad")
 	}
 	return ns
-}
-
-// inNetns runs fn on a thread that has entered namespace ns (BPF_PROG_RUN
-// runs the program in the namespace of the calling thread).
-func inNetns(tb testing.TB, ns string, fn func()) {
-	tb.Helper()
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer orig.Close()
-	target, err := os.Open(filepath.Join("/run/netns", ns))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		tb.Fatalf("enter %s: %v", ns, err)
-	}
-	defer func() {
-		// A thread that cannot go back stays locked: Go ends it with the
-		// goroutine instead of reusing it.
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			tb.Errorf("leave %s: %v", ns, err)
-			return
-		}
-		runtime.UnlockOSThread()
-	}()
-	fn()
 }
 
 func TestForwardToNextHop(t *testing.T) {
@@ -128,7 +77,7 @@ func TestForwardToNextHop(t *testing.T) {
 				{name: "a backend with no route is the stack's", in: toUnrouted.frame(),
 					verdict: verdictNext, want: toUnrouted.to(fam.unrouted).frame()},
 			}
-			inNetns(t, ns, func() {
+			netns.Do(t, ns, func() {
 				for _, s := range steps {
 					verdict, out := d.run(s.in)
 					out = out[:len(s.want)]
@@ -151,7 +100,7 @@ func TestForwardToNextHopOff(t *testing.T) {
 	d := newDatapath(t)
 	ns := routedNetns(t)
 	d.addService(service{id: 1, vip: vip4, proto: protoTCP, backends: []backend{be4a}})
-	inNetns(t, ns, func() {
+	netns.Do(t, ns, func() {
 		verdict, out := d.run(syn(client4, vip4).frame())
 		want := syn(client4, be4a.addr).frame()
 		if verdict != verdictNext || string(out[:len(want)]) != string(want) {
