@@ -72,7 +72,7 @@ func (r *Registry) set(scope string, level cell.Level, msg string, err error) {
 		scope = "agent"
 	}
 	s := Status{Scope: scope, Level: level, Message: msg, Since: time.Now()}
-	if err != nil {
+	if err != nil && err.Error() != msg {
 		s.Error = err.Error()
 	}
 	if old, ok := r.scopes[scope]; ok && old.Level == level && old.Message == msg && old.Error == s.Error {

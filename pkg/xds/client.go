@@ -757,17 +757,22 @@ func (c *Client) reportHealth() {
 			}
 		}
 		if len(waiting) > 0 {
-			c.health.Degraded(fmt.Sprintf("connected to %s, waiting for the first %s response",
-				addr, strings.Join(waiting, " and ")), nil)
+			c.degraded(fmt.Sprintf("connected to %s, waiting for the first %s response",
+				addr, strings.Join(waiting, " and ")))
 			return
 		}
 		c.health.OK(fmt.Sprintf("connected to %s, %d types synced", addr, synced))
 	case c.conn.err != nil:
 		c.health.Degraded(fmt.Sprintf("disconnected from %s: %s", addr, c.conn.err), c.conn.err)
 	default:
-		c.health.Degraded(fmt.Sprintf("connecting to %s", addr), nil)
+		c.degraded(fmt.Sprintf("connecting to %s", addr))
 	}
 }
+
+// degraded reports a reason that has no error of its own. Cilium's health
+// reporter requires an error, so the reason is its own error (l4xds's
+// registry prints it once).
+func (c *Client) degraded(reason string) { c.health.Degraded(reason, errors.New(reason)) }
 
 // waiting reports whether a type without a response on this stream is
 // owed one: a wildcard type always is; a type of names is while one of
