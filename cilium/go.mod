@@ -2,7 +2,10 @@ module github.com/l4xds/l4xds/cilium
 
 go 1.26.0
 
-require github.com/cilium/cilium v1.20.2
+require (
+	github.com/cilium/cilium v1.20.2
+	github.com/l4xds/l4xds v0.0.0-00010101000000-000000000000
+)
 
 require (
 	cel.dev/expr v0.25.3 // indirect
