@@ -44,6 +44,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -118,7 +119,8 @@ type Env struct {
 	started   time.Time
 	host      hostState
 	cleanups  []func() error // undo steps, run last first
-	cleaned   bool
+	cleaned   bool           // the cleanup has begun: start nothing more
+	cleanDone chan struct{}  // closed when the cleanup has ended
 	stopSig   func()
 }
 
@@ -166,7 +168,7 @@ func Start(tb testing.TB, cfg Config) *Env {
 		cfg.ReadyTimeout = 5 * time.Minute
 	}
 	prefix := netns.UniquePrefix()
-	e := &Env{tb: tb, cfg: cfg, dir: tb.TempDir(),
+	e := &Env{tb: tb, cfg: cfg, dir: tb.TempDir(), cleanDone: make(chan struct{}),
 		Client: prefix + "-client", Node: prefix + "-node", Backends: prefix + "-backends"}
 	for i := range cfg.Backends {
 		e.BackendIPs = append(e.BackendIPs, BackendIP(i))
@@ -204,6 +206,9 @@ func (e *Env) setUp() error {
 	if llvm != "" {
 		e.path = llvm + ":" + e.path
 	}
+	if err := checkTools(e.path); err != nil {
+		return err
+	}
 	if err := e.createTopology(); err != nil {
 		return err
 	}
@@ -220,6 +225,37 @@ func (e *Env) setUp() error {
 		return err
 	}
 	return e.createCgroup()
+}
+
+// tools are the programs the agent (clang, iptables, ipset) and the
+// launcher (ip, mount, bpftool) run, with the Debian packages that have
+// them.
+var tools = map[string]string{
+	"clang": "clang-19", "llc": "llvm-19", "iptables": "iptables", "ipset": "ipset",
+	"ip": "iproute2", "mount": "mount", "bpftool": "bpftool",
+}
+
+// checkTools tells up front which tools are missing from PATH, rather than
+// let the agent fail on them later.
+func checkTools(path string) error {
+	var missing []string
+	for tool, pkg := range tools {
+		found := false
+		for _, dir := range filepath.SplitList(path) {
+			if fi, err := os.Stat(filepath.Join(dir, tool)); err == nil && !fi.IsDir() {
+				found = true
+				break
+			}
+		}
+		if !found {
+			missing = append(missing, tool+" ("+pkg+")")
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return fmt.Errorf("missing on PATH: %s (apt-get install the packages named)", strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // mount mounts a file system on a new directory and registers its unmount.
@@ -304,17 +340,28 @@ func (e *Env) startAgent() error {
 		// Every step execs in place, so the agent is this process: it dies
 		// with the test even when the test is killed.
 		Pdeathsig: syscall.SIGKILL,
+		// Its own process group: a ^C to the test reaches the test only,
+		// whose cleanup then stops the agent in order.
+		Setpgid: true,
 	}
 	// A child the agent left behind keeps its output open: stop reading
 	// it then rather than wait for that child.
 	cmd.WaitDelay = 5 * time.Second
+	// Started under the lock: the cleanup, which may run on a signal while
+	// the test goes on, either sees this agent or keeps it from starting.
+	e.mu.Lock()
+	if e.cleaned {
+		e.mu.Unlock()
+		return errCleanedUp
+	}
 	p, err := netns.StartProc("cilium-agent", cmd)
+	if err == nil {
+		e.agent, e.started = p, time.Now()
+	}
+	e.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("start cilium-agent: %w", err)
 	}
-	e.mu.Lock()
-	e.agent, e.started = p, time.Now()
-	e.mu.Unlock()
 	return e.waitReady()
 }
 
@@ -422,30 +469,49 @@ func (e *Env) Command(ctx context.Context, ns, name string, args ...string) *exe
 func (e *Env) StartProc(ns, name string, args ...string) (*netns.Proc, error) {
 	cmd := netns.Command(context.Background(), ns, name, args...)
 	cmd.WaitDelay = 5 * time.Second
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	// As the agent: started under the lock, or not once cleaned up.
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cleaned {
+		return nil, errCleanedUp
+	}
 	p, err := netns.StartProc(filepath.Base(name)+"@"+ns, cmd)
 	if err != nil {
 		return nil, err
 	}
-	e.onCleanup(func() error { p.Stop(); return nil })
+	e.cleanups = append(e.cleanups, func() error { p.Stop(); return nil })
 	return p, nil
 }
 
-// CommandInAgentCgroup runs name in the node namespace inside the agent's
-// cgroup (a child of it, so that the agent's view stays its own): the
-// agent's socket-LB programs see its connect() and sendmsg() calls. Run it
-// to completion (Run, Output), as it is not stopped by the cleanup.
-func (e *Env) CommandInAgentCgroup(ctx context.Context, name string, args ...string) (*exec.Cmd, func(), error) {
+// errCleanedUp refuses to start a process after the cleanup (on a signal,
+// while the test goes on).
+var errCleanedUp = errors.New("agenttest: the environment is cleaned up")
+
+// OutputInAgentCgroup runs name to completion in the node namespace inside
+// the agent's cgroup (a child of it, so that the agent's own cgroup holds
+// only the agent) and returns its standard output: the agent's socket-LB
+// programs see its connect() and sendmsg() calls.
+func (e *Env) OutputInAgentCgroup(ctx context.Context, name string, args ...string) ([]byte, error) {
+	e.mu.Lock()
+	cleaned := e.cleaned
+	e.mu.Unlock()
+	if cleaned {
+		return nil, errCleanedUp
+	}
 	dir := filepath.Join(e.cgroup, "client")
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, nil, err
+		return nil, err
 	}
 	f, err := os.Open(dir)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	defer f.Close()
 	cmd := netns.Command(ctx, e.Node, name, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd()), Pdeathsig: syscall.SIGKILL}
-	return cmd, func() { f.Close() }, nil
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd()), Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
+	return cmd.Output()
 }
 
 // CgroupPrograms is `bpftool cgroup show` of the agent's cgroup: its
@@ -516,6 +582,11 @@ func (e *Env) cleanupOnSignal() func() {
 		case s := <-ch:
 			fmt.Fprintf(os.Stderr, "agenttest: %v: cleaning up\n", s)
 			e.cleanup()
+			// testing removes its temporary directories in cleanups that
+			// exiting skips: the test's root is the parent of ours.
+			if root := filepath.Dir(e.dir); strings.HasPrefix(filepath.Base(root), testDirPrefix(e.tb.Name())) {
+				os.RemoveAll(root)
+			}
 			os.Exit(1)
 		case <-done:
 		}
@@ -526,17 +597,32 @@ func (e *Env) cleanupOnSignal() func() {
 	}
 }
 
+// testDirPrefix is how testing names a test's temporary directory: its
+// name up to the first character that is not a letter, digit or '_'.
+func testDirPrefix(name string) string {
+	if i := strings.IndexFunc(name, func(r rune) bool {
+		return !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}); i >= 0 {
+		name = name[:i]
+	}
+	return name
+}
+
 // cleanup stops the agent, undoes every step of Start in reverse order and
 // checks that the host is as it was found.
 func (e *Env) cleanup() {
 	e.mu.Lock()
 	if e.cleaned {
 		e.mu.Unlock()
+		// Begun on a signal: the test must not end (and testing exit or
+		// remove the directories under the mounts) before it is done.
+		<-e.cleanDone
 		return
 	}
 	e.cleaned = true
 	stopSig := e.stopSig
 	e.mu.Unlock()
+	defer close(e.cleanDone)
 	// The agent's log is long: shown only when it explains a failure.
 	if e.tb.Failed() {
 		if out := e.AgentOutput(); out != "" {

@@ -126,12 +126,7 @@ func TestPrivilegedCiliumFileSource(t *testing.T) {
 	// in its cgroup there.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd, done, err := env.CommandInAgentCgroup(ctx, traffic, "probe", "--to", "10.1.2.3:3306", "--proto", "tcp", "--flows", "20", "-o", "json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _ := cmd.Output()
-	done()
+	out, _ := env.OutputInAgentCgroup(ctx, traffic, "probe", "--to", "10.1.2.3:3306", "--proto", "tcp", "--flows", "20", "-o", "json")
 	p, err := agenttest.ParseProbe(out)
 	if err != nil {
 		t.Fatal(err)
