@@ -5,7 +5,7 @@ BIN      := bin
 BINARIES := l4xds-agent l4xds-dbg l4xds-control-plane
 PKGS     := ./...
 
-.PHONY: all build test bench fuzz generate demo docs lint clean
+.PHONY: all build test test-cilium bench fuzz generate demo docs lint clean
 
 all: build
 
@@ -22,6 +22,16 @@ test: build
 	$(GO) vet $(PKGS)
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m $(PKGS)
 	cd $(CHART_TEST) && $(GO) vet ./... && L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
+
+# The Cilium tier, in its own module (cilium/): builds Cilium's agent and
+# cilium-dbg, then runs that module's tests with them; as root these start
+# the real agent in network namespaces (cilium/internal/agenttest). Needs
+# clang-19 llvm-19 iptables ipset bpftool (Debian packages). Cilium's first
+# build is long; later ones reuse Go's build cache.
+CILIUM_BIN := $(BIN)/cilium
+test-cilium: build
+	cd cilium && $(GO) build -o $(CURDIR)/$(CILIUM_BIN)/ ./cmd/cilium-agent ./cmd/cilium-dbg
+	cd cilium && $(GO) vet ./... && L4XDS_BIN=$(CURDIR)/$(BIN) L4XDS_CILIUM_BIN=$(CURDIR)/$(CILIUM_BIN) $(GO) test -count=1 -timeout 20m ./...
 
 # Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of
