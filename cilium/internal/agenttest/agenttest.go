@@ -220,6 +220,10 @@ func (e *Env) setUp() error {
 	if err := e.mount("bpf", e.bpffs, "bpf", ""); err != nil {
 		return err
 	}
+	// The agent's $HOME, where Go tools it embeds write (gops).
+	if err := os.Mkdir(filepath.Join(e.dir, "home"), 0o700); err != nil {
+		return err
+	}
 	e.libDir = filepath.Join(e.dir, "lib")
 	if err := os.MkdirAll(filepath.Join(e.libDir, "bpf"), 0o755); err != nil {
 		return err
@@ -300,6 +304,9 @@ func (e *Env) DefaultFlags() []string {
 		"--enable-health-checking=false",
 		"--enable-endpoint-health-checking=false",
 		"--enable-l7-proxy=false",
+		// gops would listen in the node namespace, harmless, but leaves a
+		// file per run in $HOME (which is private as well).
+		"--enable-gops=false",
 		"--lib-dir=" + e.libDir,
 		"--state-dir=/var/run/cilium",
 		"--bpf-root=/sys/fs/bpf",
@@ -323,7 +330,7 @@ func (e *Env) startAgent() error {
 		`exec "$@"`,
 	}, "\n")
 	args := []string{"netns", "exec", e.Node, "sh", "-ec", script, "sh",
-		"env", "PATH=" + e.path, filepath.Join(e.cfg.BinDir, "cilium-agent")}
+		"env", "PATH=" + e.path, "HOME=" + filepath.Join(e.dir, "home"), filepath.Join(e.cfg.BinDir, "cilium-agent")}
 	args = append(args, e.DefaultFlags()...)
 	args = append(args, e.cfg.Flags...)
 	cmd := exec.Command("ip", args...)
@@ -648,7 +655,7 @@ func (e *Env) cleanup() {
 			errs = append(errs, err)
 		}
 	}
-	if err := e.host.check(); err != nil {
+	if err := e.host.check(e); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

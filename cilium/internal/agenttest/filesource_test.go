@@ -166,7 +166,7 @@ func TestPrivilegedCiliumFileSource(t *testing.T) {
 	env.Restart()
 	first = env.WaitAnswer(traffic, env.Client, "tcp", "10.1.2.3:3306", 3*time.Minute)
 	t.Logf("after a restart, first answer %s after the agent started", first.Round(100*time.Millisecond))
-	p, err = env.RunProbe(traffic, env.Client, "tcp", "10.1.2.3:3306", 200)
+	p, err = env.RunProbe(traffic, env.Client, "tcp", "10.1.2.3:3306", 1000)
 	if err != nil {
 		t.Fatal(err)
 	}

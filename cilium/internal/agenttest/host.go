@@ -29,11 +29,9 @@ var hostSysctls = []string{
 
 // hostState is what the host looked like before Start; check compares.
 type hostState struct {
-	sysctls    map[string]string
-	bpfMounts  []string
-	cg2Root    string
-	cg2Progs   string // `bpftool cgroup show` of the cgroup2 root
-	namespaces []string
+	sysctls  map[string]string
+	cg2Root  string
+	cg2Progs string // `bpftool cgroup show` of the cgroup2 root
 }
 
 func readHostState() (hostState, error) {
@@ -48,11 +46,7 @@ func readHostState() (hostState, error) {
 		}
 		h.sysctls[k] = strings.TrimSpace(string(b))
 	}
-	var err error
-	if h.bpfMounts, err = mountsOfType("bpf"); err != nil {
-		return h, err
-	}
-	cg2, err := mountsOfType("cgroup2")
+	cg2, err := mountsOfType("cgroup2", "")
 	if err != nil {
 		return h, err
 	}
@@ -66,8 +60,11 @@ func readHostState() (hostState, error) {
 	return h, nil
 }
 
-// check reports every way the host differs from h.
-func (h hostState) check() error {
+// check reports every way the host differs from h, or still holds what
+// e made. Other tests may mount and unmount their own bpffs meanwhile, so
+// the mounts checked are e's: every one under its directory, which holds
+// the bpffs, the tmpfs and the bind mounts of the agent's namespace.
+func (h hostState) check(e *Env) error {
 	var errs []error
 	for k, v := range h.sysctls {
 		b, err := os.ReadFile("/proc/sys/" + k)
@@ -77,22 +74,36 @@ func (h hostState) check() error {
 			errs = append(errs, fmt.Errorf("sysctl %s is %s, was %s", strings.ReplaceAll(k, "/", "."), now, v))
 		}
 	}
-	if m, err := mountsOfType("bpf"); err != nil {
+	if m, err := mountsOfType("", e.dir); err != nil {
 		errs = append(errs, err)
-	} else if !slices.Equal(m, h.bpfMounts) {
-		errs = append(errs, fmt.Errorf("bpffs mounts are %q, were %q", m, h.bpfMounts))
+	} else if len(m) > 0 {
+		errs = append(errs, fmt.Errorf("still mounted: %q", m))
 	}
 	if p, err := cgroupPrograms(h.cg2Root); err != nil {
 		errs = append(errs, err)
 	} else if p != h.cg2Progs {
 		errs = append(errs, fmt.Errorf("programs on the cgroup2 root %s are\n%s\nwere\n%s", h.cg2Root, p, h.cg2Progs))
 	}
+	if _, err := os.Stat(e.cgroup); err == nil {
+		errs = append(errs, fmt.Errorf("cgroup %s is still there", e.cgroup))
+	}
+	for _, ns := range []string{e.Client, e.Node, e.Backends} {
+		if _, err := os.Stat("/run/netns/" + ns); err == nil {
+			errs = append(errs, fmt.Errorf("network namespace %s is still there", ns))
+		}
+	}
+	e.mu.Lock()
+	if e.agent != nil && !e.agent.Exited() {
+		errs = append(errs, fmt.Errorf("cilium-agent (pid %d) still runs", e.agent.Cmd.Process.Pid))
+	}
+	e.mu.Unlock()
 	return errors.Join(errs...)
 }
 
-// mountsOfType lists the mount points of file systems of type fstype in
-// the test's mount namespace (field 9 of /proc/self/mountinfo).
-func mountsOfType(fstype string) ([]string, error) {
+// mountsOfType lists the mount points in the test's mount namespace of
+// file systems of type fstype ("" for any) at or under dir ("" for
+// anywhere).
+func mountsOfType(fstype, dir string) ([]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -104,12 +115,17 @@ func mountsOfType(fstype string) ([]string, error) {
 		// ID parent major:minor root mountpoint options [optional...] - fstype source super
 		fields := strings.Fields(s.Text())
 		sep := slices.Index(fields, "-")
-		if sep < 0 || sep+1 >= len(fields) || len(fields) < 5 {
+		if sep < 5 || sep+1 >= len(fields) {
 			continue
 		}
-		if fields[sep+1] == fstype {
-			mounts = append(mounts, fields[4])
+		point := fields[4]
+		if fstype != "" && fields[sep+1] != fstype {
+			continue
 		}
+		if dir != "" && point != dir && !strings.HasPrefix(point, dir+"/") {
+			continue
+		}
+		mounts = append(mounts, point)
 	}
 	return mounts, s.Err()
 }
