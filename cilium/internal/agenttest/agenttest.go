@@ -14,12 +14,16 @@
 //
 // Using it for the xDS control plane: the agent binary built in this module
 // carries our xDS cell, so a test passes the cell's flags in Config.Flags in
-// place of --lb-state-file, with the control plane's address reachable from
-// the node namespace (run the control plane there with Env.Command, or in
-// the host on an address routed to the node):
+// place of --lb-state-file, and starts the control plane in the client
+// namespace (10.0.0.2, which the node reaches on eth0) from
+// Config.BeforeAgent, so that it listens before the agent dials it:
 //
 //	env := agenttest.Start(t, agenttest.Config{
 //		BinDir: dir,
+//		BeforeAgent: func(e *agenttest.Env) error {
+//			_, err := e.StartProc(e.Client, controlPlane, "--listen=10.0.0.2:18000", ...)
+//			return err
+//		},
 //		Flags: []string{
 //			"--enable-xds-control-plane",
 //			"--xds-server-address=10.0.0.2:18000",
@@ -28,6 +32,9 @@
 //			"--bpf-lb-algorithm=maglev",
 //		},
 //	})
+//
+// The rest is as in TestPrivilegedCiliumFileSource: backends with
+// StartBackend, flows with RunProbe, the agent's tables with Shell.
 //
 // Files the agent reads (certificates, state files) can live anywhere in the
 // test's temporary directory: the agent's mount namespace sees the host's
@@ -89,6 +96,10 @@ type Config struct {
 	// Flags are added to the agent's command line after the ones that fit
 	// the topology (DefaultFlags), so they can override them.
 	Flags []string
+	// BeforeAgent, when set, runs once the namespaces exist and before the
+	// agent starts: to start what the agent connects to at start-up (an
+	// xDS control plane) with Env.StartProc.
+	BeforeAgent func(*Env) error
 	// ReadyTimeout bounds the wait for the agent's API to report it healthy;
 	// 0 means 5 minutes (it compiles its datapath first, slowly on a busy
 	// machine).
@@ -183,6 +194,11 @@ func Start(tb testing.TB, cfg Config) *Env {
 	e.stopSig = e.cleanupOnSignal()
 	if err := e.setUp(); err != nil {
 		tb.Fatalf("agenttest: %v", err)
+	}
+	if cfg.BeforeAgent != nil {
+		if err := cfg.BeforeAgent(e); err != nil {
+			tb.Fatalf("agenttest: before the agent: %v", err)
+		}
 	}
 	if err := e.startAgent(); err != nil {
 		tb.Fatalf("agenttest: %v", err)

@@ -99,10 +99,15 @@ func TestPrivilegedCiliumFileSource(t *testing.T) {
 	}
 	env := agenttest.Start(t, agenttest.Config{
 		BinDir: bin,
-		Flags:  []string{"--lb-state-file=" + state, "--bpf-lb-algorithm-annotation=true"},
+		// The backends listen before the agent starts, as an xDS test's
+		// control plane would.
+		BeforeAgent: func(e *agenttest.Env) error {
+			e.StartBackend(traffic, "b0", []string{"192.168.1.10:3306"}, []string{"192.168.1.10:53"})
+			e.StartBackend(traffic, "b1", []string{"192.168.1.11:3306"}, []string{"192.168.1.11:53"})
+			return nil
+		},
+		Flags: []string{"--lb-state-file=" + state, "--bpf-lb-algorithm-annotation=true"},
 	})
-	env.StartBackend(traffic, "b0", []string{"192.168.1.10:3306"}, []string{"192.168.1.10:53"})
-	env.StartBackend(traffic, "b1", []string{"192.168.1.11:3306"}, []string{"192.168.1.11:53"})
 
 	first := env.WaitAnswer(traffic, env.Client, "tcp", "10.1.2.3:3306", 3*time.Minute)
 	t.Logf("first answer from the VIP %s after the agent started", first.Round(100*time.Millisecond))
