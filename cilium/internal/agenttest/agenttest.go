@@ -377,28 +377,29 @@ func (e *Env) startAgent() error {
 		e.mu.Unlock()
 		return errCleanedUp
 	}
+	started := time.Now()
 	p, err := netns.StartProc("cilium-agent", cmd)
 	if err == nil {
-		e.agent, e.started = p, time.Now()
+		e.agent, e.started = p, started
 	}
 	e.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("start cilium-agent: %w", err)
 	}
-	return e.waitReady()
+	return e.waitReady(p, started)
 }
 
-// waitReady polls `cilium-dbg status` until the agent reports itself healthy.
-func (e *Env) waitReady() error {
+// waitReady polls `cilium-dbg status` until agent p reports itself healthy.
+func (e *Env) waitReady(p *netns.Proc, started time.Time) error {
 	deadline := time.Now().Add(e.cfg.ReadyTimeout)
 	var last string
 	for {
-		if e.agent.Exited() {
-			return fmt.Errorf("cilium-agent exited (%v) before it was ready", e.agent.Cmd.ProcessState)
+		if p.Exited() {
+			return fmt.Errorf("cilium-agent exited (%v) before it was ready", p.Cmd.ProcessState)
 		}
 		out, err := e.Dbg("status", "--brief")
 		if err == nil {
-			e.tb.Logf("cilium-agent ready after %s", time.Since(e.started).Round(100*time.Millisecond))
+			e.tb.Logf("cilium-agent ready after %s", time.Since(started).Round(100*time.Millisecond))
 			return nil
 		}
 		last = out
