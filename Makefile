@@ -26,7 +26,8 @@ test: build
 
 # The Cilium module (cilium/): Cilium's agent with our cell, its script
 # tests on Cilium's tables and maps, the upstream chart, and as root the real
-# agent serving real traffic. Go's build cache keeps the agent's build.
+# agent serving real traffic (cilium/internal/agenttest; needs clang-19
+# llvm-19 iptables ipset bpftool). Go's build cache keeps the agent's build.
 test-cilium: build
 	$(MAKE) -C cilium test L4XDS_BIN=$(CURDIR)/$(BIN)
 
