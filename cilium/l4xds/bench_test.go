@@ -43,6 +43,7 @@ import (
 func BenchmarkConvergence(b *testing.B) {
 	version.Force(k8sTestutils.DefaultVersion)
 	nodeTypes.SetName("testnode")
+	mountBPFFS(b)
 	maps := "fake"
 	if os.Getuid() == 0 {
 		maps = "bpf"
@@ -69,7 +70,10 @@ func converge(b *testing.B, n, m int, protocol string) (seconds float64, heapPer
 		fes statedb.Table[*loadbalancer.Frontend]
 		lbm lbmaps.LBMaps
 	)
-	h, err := newAgent(srv, protocol, []string{"--bpf-lb-map-max=" + strconv.Itoa(2*n*(m+1)+1024)}, &lbm,
+	if os.Getuid() != 0 {
+		lbm = lbmaps.NewFakeLBMaps()
+	}
+	h, err := newAgent(srv, protocol, []string{"--bpf-lb-map-max=" + strconv.Itoa(2*n*(m+1)+1024)}, lbm,
 		cell.Invoke(func(d *statedb.DB, t statedb.Table[*loadbalancer.Frontend]) { db, fes = d, t }))
 	if err != nil {
 		b.Fatal(err)

@@ -22,7 +22,7 @@ import (
 // Cell is added to Cilium's agent hive (cmd/cilium-agent).
 var Cell = cell.Module(
 	"l4xds",
-	"xDS-controlled L4 load balancing in Cilium's tables",
+	"xDS-controlled L4 load balancing into Cilium tables",
 
 	cell.Config(defaultBlock),
 	cell.Decorate(

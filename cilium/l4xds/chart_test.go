@@ -56,14 +56,17 @@ func TestUpstreamChart(t *testing.T) {
 
 	var config *corev1.ConfigMap
 	var agent *appsv1.DaemonSet
-	for _, manifest := range files {
+	for name, manifest := range files {
+		if !strings.HasSuffix(name, ".yaml") {
+			continue // NOTES.txt, helpers
+		}
 		for _, doc := range releaseutil.SplitManifests(manifest) {
 			var tm struct {
 				metav1.TypeMeta
 				Metadata metav1.ObjectMeta `json:"metadata"`
 			}
 			if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
-				t.Fatal(err)
+				t.Fatalf("%s: %v", name, err)
 			}
 			switch {
 			case tm.Kind == "ConfigMap" && tm.Metadata.Name == "cilium-config":

@@ -52,33 +52,45 @@ import (
 func TestScript(t *testing.T) {
 	version.Force(k8sTestutils.DefaultVersion)
 	nodeTypes.SetName("testnode")
-	maps := "fake"
+	mountBPFFS(t)
+	variants := []string{"fake"}
 	if os.Getuid() == 0 {
-		maps = "bpf"
+		variants = append(variants, "bpf")
 	}
 	for _, protocol := range []string{xds.ProtocolSotW, xds.ProtocolDelta} {
-		t.Run(protocol+"/maps="+maps, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			t.Cleanup(cancel)
-			scripttest.Test(t, ctx,
-				func(tb testing.TB, args []string) *script.Engine { return newEngine(tb, protocol, args) },
-				nil, "testdata/*.txtar")
-		})
+		for _, maps := range variants {
+			t.Run(protocol+"/maps="+maps, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				t.Cleanup(cancel)
+				scripttest.Test(t, ctx,
+					func(tb testing.TB, args []string) *script.Engine { return newEngine(tb, protocol, maps == "fake", args) },
+					nil, "testdata/*.txtar")
+			})
+		}
 	}
 }
 
 // newEngine builds the agent (newAgent) with a fresh reference control
-// plane. hive/recreate restarts the agent: a fresh StateDB over the same LB
-// maps, as after a restart.
-func newEngine(tb testing.TB, protocol string, args []string) *script.Engine {
+// plane, over Cilium's fake LB maps or its real BPF maps. hive/recreate
+// restarts the agent over the fake maps: a fresh StateDB and the maps as
+// they were. (The real maps of a test are unpinned: scripts that restart
+// skip there, and TestPrivilegedCiliumAgentXDS restarts a real agent over
+// its pinned maps.)
+func newEngine(tb testing.TB, protocol string, fake bool, args []string) *script.Engine {
 	log := hivetest.Logger(tb)
 	srv := cptest.Start(tb)
-	e := &script.Engine{RetryInterval: 50 * time.Millisecond, MaxRetryInterval: time.Second}
+	e := &script.Engine{
+		Conds:            map[string]script.Cond{"bpf": script.BoolCondition("the LB maps are real BPF maps", !fake)},
+		RetryInterval:    50 * time.Millisecond,
+		MaxRetryInterval: time.Second,
+	}
 
-	// The LB maps of the first agent, kept for the next ones.
 	var lbMaps lbmaps.LBMaps
+	if fake {
+		lbMaps = lbmaps.NewFakeLBMaps()
+	}
 	newHive := func(extra []string) (map[string]script.Cmd, error) {
-		h, err := newAgent(srv, protocol, append(append([]string(nil), args...), extra...), &lbMaps)
+		h, err := newAgent(srv, protocol, append(append([]string(nil), args...), extra...), lbMaps)
 		if err != nil {
 			return nil, err
 		}
@@ -114,10 +126,9 @@ func newEngine(tb testing.TB, protocol string, args []string) *script.Engine {
 
 // newAgent builds (does not start) Cilium's load-balancing control plane as
 // its own script tests do (a fake Kubernetes client nothing uses), with
-// this module's cell pointed at srv, and args as flags. *lbMaps, when set,
-// are the LB maps to use (a restarted agent's); when nil it is set to the
-// new agent's.
-func newAgent(srv *cptest.Server, protocol string, args []string, lbMaps *lbmaps.LBMaps, extra ...cell.Cell) (*hive.Hive, error) {
+// this module's cell pointed at srv, and args as flags. It uses lbMaps when
+// given, else new BPF maps (unpinned; root only).
+func newAgent(srv *cptest.Server, protocol string, args []string, lbMaps lbmaps.LBMaps, extra ...cell.Cell) (*hive.Hive, error) {
 	app := cell.Group(
 		k8sClient.FakeClientCell(),
 		daemonk8s.ResourcesCell,
@@ -140,15 +151,10 @@ func newAgent(srv *cptest.Server, protocol string, args []string, lbMaps *lbmaps
 		),
 		lbcell.Cell,
 		Cell,
-		cell.Invoke(func(m lbmaps.LBMaps) {
-			if *lbMaps == nil {
-				*lbMaps = m
-			}
-		}),
 		cell.Group(extra...),
 	)
-	if m := *lbMaps; m != nil {
-		app = cell.Decorate(func(lbmaps.LBMaps) lbmaps.LBMaps { return m }, app)
+	if lbMaps != nil {
+		app = cell.Decorate(func(lbmaps.LBMaps) lbmaps.LBMaps { return lbMaps }, app)
 	}
 	h := hive.New(app)
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)

@@ -134,7 +134,7 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 		Source: Source,
 		// Weights take effect only with Maglev: ask for it per service
 		// (honoured with --bpf-lb-algorithm-annotation).
-		Annotations:            map[string]string{annotation.ServiceLoadBalancingAlgorithm: string(clb.SVCLoadBalancingAlgorithmMaglev)},
+		Annotations:            map[string]string{annotation.ServiceLoadBalancingAlgorithm: clb.SVCLoadBalancingAlgorithmMaglev.String()},
 		ExtTrafficPolicy:       clb.SVCTrafficPolicyCluster,
 		IntTrafficPolicy:       clb.SVCTrafficPolicyCluster,
 		SessionAffinity:        svc.SessionAffinity,
