@@ -63,7 +63,9 @@ func TestScript(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 				t.Cleanup(cancel)
 				scripttest.Test(t, ctx,
-					func(tb testing.TB, args []string) *script.Engine { return newEngine(tb, protocol, maps == "fake", args) },
+					func(tb testing.TB, args []string) *script.Engine {
+						return newEngine(tb, protocol, maps == "fake", args)
+					},
 					nil, "testdata/*.txtar")
 			})
 		}

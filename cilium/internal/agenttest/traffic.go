@@ -88,13 +88,16 @@ func (e *Env) StartBackend(traffic, name string, tcp, udp []string) {
 	p.WaitOutput(e.tb, "ready", 30*time.Second)
 }
 
-// TrafficBin is the l4xds-traffic binary: $L4XDS_BIN/l4xds-traffic when
-// make has built it, or else built from the repository's root module into
-// the test's temporary directory.
-func TrafficBin(tb testing.TB) string {
+// TrafficBin is the l4xds-traffic binary (see Bin).
+func TrafficBin(tb testing.TB) string { return Bin(tb, "l4xds-traffic") }
+
+// Bin is one of the project's binaries (l4xds-traffic, l4xds-control-plane):
+// $L4XDS_BIN/name when make has built it, or else built from the
+// repository's root module into the test's temporary directory.
+func Bin(tb testing.TB, name string) string {
 	tb.Helper()
 	if dir := os.Getenv("L4XDS_BIN"); dir != "" {
-		if p := filepath.Join(dir, "l4xds-traffic"); fileExists(p) {
+		if p := filepath.Join(dir, name); fileExists(p) {
 			return p
 		}
 	}
@@ -102,11 +105,15 @@ func TrafficBin(tb testing.TB) string {
 	if err != nil {
 		tb.Fatalf("find the root module: %v", err)
 	}
-	bin := filepath.Join(tb.TempDir(), "l4xds-traffic")
-	cmd := exec.Command("go", "build", "-o", bin, "./test/l4xds-traffic")
+	pkg := "./cmd/" + name
+	if name == "l4xds-traffic" {
+		pkg = "./test/l4xds-traffic"
+	}
+	bin := filepath.Join(tb.TempDir(), name)
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
 	cmd.Dir = strings.TrimSpace(string(root))
 	if out, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("go build ./test/l4xds-traffic: %v: %s", err, out)
+		tb.Fatalf("go build %s: %v: %s", pkg, err, out)
 	}
 	return bin
 }
