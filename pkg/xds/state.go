@@ -110,8 +110,9 @@ func (e *entry) row(typeURL, name string) *ResourceStatus {
 
 // handleResponse applies one response to the cache, calls the handler with
 // what changed, and ACKs or NACKs it. Each step is one function, where the
-// rules it holds (conformance_test.go) can be found: decode, sweep,
-// removeNamed, deliverChanges, recordOutcome, markResponded, ackOrNack.
+// rules it holds (conformance_test.go) can be found: decode (with
+// checkDuplicate), sweep, removeNamed, deliverChanges, recordOutcome,
+// markResponded, ackOrNack.
 func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *response) error {
 	ts, ok := c.types[resp.typeURL]
 	if !ok {
@@ -154,7 +155,7 @@ type applied struct {
 	changed map[string]fingerprint // given to the handler
 	// rejected is each rejected resource's error by name, or by "#index"
 	// for an error about the response's resources[index] as a whole (no
-	// name), which belongs to no cached resource.
+	// name, or a duplicate), which belongs to no cached resource.
 	rejected map[string]string
 	badSums  map[string]fingerprint
 	offers   map[string]*Resource // rejected by the handler
@@ -180,9 +181,10 @@ func newApplied(now time.Time, delta bool, n int) *applied {
 }
 
 // decode decodes each resource of the response and sorts it: rejected
-// (undecodable, of another type, unnamed), not asked for, unchanged,
-// rejected before and unchanged (again), or upserted.
+// (undecodable, of another type, unnamed, a duplicate), not asked for,
+// unchanged, rejected before and unchanged (again), or upserted.
 func (c *Client) decode(ts *typeState, resp *response, a *applied) {
+	first := make(map[string]int, len(resp.resources)) // index of each name's first instance
 	for i, raw := range resp.resources {
 		name, msg, err := decodeResource(resp.typeURL, raw)
 		if name == "" {
@@ -190,6 +192,10 @@ func (c *Client) decode(ts *typeState, resp *response, a *applied) {
 			// could delete a resource that the server still has (A46).
 			a.sweepSafe = false
 			a.rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s #%d: %s", KindName(ts.url), i, err)
+			continue
+		}
+		if dup := checkDuplicate(first, name, i); dup != "" {
+			a.rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s %q: %s", KindName(ts.url), name, dup)
 			continue
 		}
 		a.present[name] = struct{}{}
@@ -226,6 +232,22 @@ func (c *Client) decode(ts *typeState, resp *response, a *applied) {
 			a.upserted = append(a.upserted, r)
 		}
 	}
+}
+
+// checkDuplicate records the first instance of a name in a response and
+// returns, for any later one, why it is rejected. As Envoy does ("duplicate
+// cluster ... found"), the first instance is the one applied and the
+// response is NACKed; the later ones are dropped before anything sees them,
+// and the rest of the response is applied as with any rejected resource
+// (A46). The error belongs to the response, not to the resource's cache
+// entry, whose state is that of the first instance.
+func checkDuplicate(first map[string]int, name string, i int) string {
+	j, seen := first[name]
+	if !seen {
+		first[name] = i
+		return ""
+	}
+	return fmt.Sprintf("resources[%d]: duplicate of resources[%d], the one applied", i, j)
 }
 
 // sweep deletes what the cache has and a full state lacks. Every SotW
