@@ -111,6 +111,8 @@ var conformanceRules = []conformanceRule{
 	{
 		name: "a wildcard subscription is the legacy empty list in SotW and an explicit wildcard in Delta",
 		ref:  `xds_protocol: "How the client specifies what resources to return"`,
+		differs: `SotW sends the legacy empty list, not the explicit "*" xds_protocol also defines: ` +
+			`go-control-plane's SnapshotCache takes "*" for a resource name`,
 		test: func(t *testing.T, rc *ruleClient) {
 			r := rc.lastRequest(ClusterType)
 			if rc.delta {
@@ -389,6 +391,9 @@ var conformanceRules = []conformanceRule{
 	{
 		name: "a response naming one resource twice is NACKed and its first instance applied",
 		ref:  `Envoy: "duplicate cluster ... found"; gRFC A46 for the rest of the response`,
+		differs: `Envoy's Delta subscription rejects such a response whole ("duplicate name ... found ` +
+			`among added/updated resources"); we apply the first instance in Delta too, as Envoy's CDS ` +
+			"does in SotW, so that one bad resource costs that resource only (A46)",
 		test: func(t *testing.T, rc *ruleClient) {
 			rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"), rc.cluster("b", "1"))
 			n := rc.clusters.count()
@@ -419,6 +424,32 @@ var conformanceRules = []conformanceRule{
 				rc.cluster("a", "2"), rc.cluster("c", "1"), rc.cluster("a", "3"), rc.cluster("b", "1"))
 			if got := rc.clusters.count(); got != n+1 {
 				t.Errorf("%d updates, want no new one", got-n-1)
+			}
+		},
+	},
+	{
+		name: "a Delta response that sends and removes one name is NACKed and the name sent applied",
+		ref:  "xds_protocol: incremental xDS; the same model as a duplicate resource",
+		only: ProtocolDelta,
+		differs: `Envoy's Delta subscription rejects such a response whole ("duplicate name ... ` +
+			`found in the union of added+removed resources"); we apply the name sent, as with a duplicate`,
+		test: func(t *testing.T, rc *ruleClient) {
+			rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"), rc.cluster("b", "1"))
+			rc.respond(ClusterType, "2", []string{"b", "a", "b"}, rc.cluster("a", "2"))
+			r := rc.lastRequest(ClusterType)
+			want := `cluster "a": removed_resources[1]: also in resources[0], the one applied`
+			if r.errorDetail.GetMessage() != want {
+				t.Errorf("NACK = %q, want %q", r.errorDetail.GetMessage(), want)
+			}
+			// b removed twice is removed once.
+			if got := rc.clusters.state(); !maps.Equal(got, map[string]string{"a": "2"}) {
+				t.Errorf("clusters = %v, want a=2 only", got)
+			}
+			if got := rc.clusters.removedNames(); !slices.Equal(got, []string{"b"}) {
+				t.Errorf("removed = %q, want [b]", got)
+			}
+			if r := rc.resource(ClusterType, "a"); r.State != StateAcked || r.Version != "a-2" {
+				t.Errorf("a = %+v, want acked at a-2", r)
 			}
 		},
 	},
@@ -478,7 +509,8 @@ var conformanceRules = []conformanceRule{
 		ref:  "xds_protocol: reconnect; version_info and initial_resource_versions",
 		differs: "the first request of a stream carries no version_info (SotW) nor " +
 			"initial_resource_versions (Delta), so that every server sends its full state, " +
-			"which is swept against the cache (mark and sweep)",
+			"which is swept against the cache (mark and sweep); in Delta that first response is " +
+			"taken for a full state, although Delta responses are changes",
 		test: func(t *testing.T, rc *ruleClient) {
 			rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"), rc.cluster("b", "1"))
 			rc.reconnect()

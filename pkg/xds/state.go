@@ -134,7 +134,8 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 	c.writeResources(ts, a.touched)
 	// A78 counts every resource received, changed or not; rejected holds
 	// only resources of this response.
-	c.metrics.updates(ts.url, len(resp.resources)-a.notAsked-len(a.rejected), len(a.rejected))
+	invalid := len(a.rejected) - a.removedTwice
+	c.metrics.updates(ts.url, len(resp.resources)-a.notAsked-invalid, invalid)
 	c.markResponded(ts)
 	return c.ackOrNack(st, ts, resp, a.rejected, a.now)
 }
@@ -159,12 +160,16 @@ type applied struct {
 	rejected map[string]string
 	badSums  map[string]fingerprint
 	offers   map[string]*Resource // rejected by the handler
-	// present are the names the response carries, asked for or not.
-	present map[string]struct{}
+	// present are the names the response carries, asked for or not, and
+	// the index of each one's first instance.
+	present map[string]int
 	// sweepSafe is false when a resource without a name makes a sweep
 	// unsafe: it may be any cached resource.
 	sweepSafe bool
 	notAsked  int
+	// removedTwice counts the rejected entries of removed_resources that
+	// the response also sends: errors, but no resource of their own.
+	removedTwice int
 }
 
 func newApplied(now time.Time, delta bool, n int) *applied {
@@ -175,7 +180,7 @@ func newApplied(now time.Time, delta bool, n int) *applied {
 		rejected:  map[string]string{},
 		badSums:   map[string]fingerprint{},
 		offers:    map[string]*Resource{},
-		present:   make(map[string]struct{}, n),
+		present:   make(map[string]int, n),
 		sweepSafe: true,
 	}
 }
@@ -184,7 +189,6 @@ func newApplied(now time.Time, delta bool, n int) *applied {
 // (undecodable, of another type, unnamed, a duplicate), not asked for,
 // unchanged, rejected before and unchanged (again), or upserted.
 func (c *Client) decode(ts *typeState, resp *response, a *applied) {
-	first := make(map[string]int, len(resp.resources)) // index of each name's first instance
 	for i, raw := range resp.resources {
 		name, msg, err := decodeResource(resp.typeURL, raw)
 		if name == "" {
@@ -194,11 +198,10 @@ func (c *Client) decode(ts *typeState, resp *response, a *applied) {
 			a.rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s #%d: %s", KindName(ts.url), i, err)
 			continue
 		}
-		if dup := checkDuplicate(first, name, i); dup != "" {
+		if dup := checkDuplicate(a.present, name, i); dup != "" {
 			a.rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s %q: %s", KindName(ts.url), name, dup)
 			continue
 		}
-		a.present[name] = struct{}{}
 		if !ts.wildcard {
 			if _, ok := ts.names[name]; !ok {
 				a.notAsked++
@@ -273,9 +276,18 @@ func (c *Client) sweep(ts *typeState, a *applied) {
 }
 
 // removeNamed applies a Delta response's removed_resources: a wildcard
-// type's resource is gone; a requested one does not exist.
+// type's resource is gone; a requested one does not exist. A name the
+// response also sends is a duplicate: the instance sent is the one applied
+// (see checkDuplicate). A name removed twice is removed once.
 func (c *Client) removeNamed(ts *typeState, resp *response, a *applied) {
-	for _, name := range resp.removed {
+	for k, name := range resp.removed {
+		if i, sent := a.present[name]; sent {
+			// Keyed after the resources, so that the NACK lists it last.
+			a.rejected["#"+strconv.Itoa(len(resp.resources)+k)] = fmt.Sprintf(
+				"%s %q: removed_resources[%d]: also in resources[%d], the one applied", KindName(ts.url), name, k, i)
+			a.removedTwice++
+			continue
+		}
 		e, ok := ts.entries[name]
 		if !ok {
 			continue
