@@ -156,7 +156,8 @@ type applied struct {
 	changed map[string]fingerprint // given to the handler
 	// rejected is each rejected resource's error by name, or by "#index"
 	// for an error about the response's resources[index] as a whole (no
-	// name, or a duplicate), which belongs to no cached resource.
+	// name, or a duplicate), which belongs to no cached resource; a name
+	// both sent and removed is "#" len(resources)+k, for removed_resources[k].
 	rejected map[string]string
 	badSums  map[string]fingerprint
 	offers   map[string]*Resource // rejected by the handler
