@@ -164,7 +164,8 @@ func (c *Client) Status() statedb.Table[*TypeStatus] { return c.status }
 func (c *Client) Attempts() uint64 { return c.attempts.Load() }
 
 // Watch subscribes to a type and sends its updates to h. A wildcard watch
-// subscribes to every resource of the type (an explicit "*"); otherwise
+// subscribes to every resource of the type (in SotW the legacy empty name
+// list, in Delta an explicit "*": see sendRequest); otherwise
 // the client asks for the names given to SetNames. Call it before Run;
 // later calls work too, and subscribe on the current stream.
 func (c *Client) Watch(typeURL string, wildcard bool, h Handler) {
@@ -611,7 +612,11 @@ func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail 
 	} else {
 		req.names = ts.nameList
 		if ts.wildcard {
-			req.names = wildcardNameList
+			// The legacy wildcard, an empty resource_names, as Envoy
+			// sends it: go-control-plane's SnapshotCache treats an
+			// explicit "*" as the name of a resource, and in ADS mode
+			// answers nothing to names that do not cover every resource.
+			req.names = nil
 		}
 		// The server ignores a request without the nonce of its last
 		// response, even one that only changes names.
@@ -652,10 +657,9 @@ func (c *Client) sendDueNacks(st adsStream, now time.Time) error {
 	return nil
 }
 
-var (
-	wildcardNames    = map[string]struct{}{"*": {}}
-	wildcardNameList = []string{"*"}
-)
+// wildcardNames is the subscription of a wildcard type in Delta, where an
+// explicit "*" is how a client subscribes to everything.
+var wildcardNames = map[string]struct{}{"*": {}}
 
 // startDeadlines starts the does-not-exist timer of every requested name
 // that has neither a cached resource nor a running timer, and of which

@@ -53,12 +53,12 @@ func TestUpsertsAndAcks(t *testing.T) {
 		if n := first.Node; n.GetId() != "node-1" || n.GetCluster() != "l4xds" || n.GetUserAgentName() != "l4xds" || n.GetLocality().GetZone() != "zone-a" {
 			t.Errorf("first request's node = %v", n)
 		}
-		wildcard := first.Names
-		if protocol == ProtocolDelta {
-			wildcard = first.Subscribe
+		// SotW: the legacy wildcard (no names); Delta: an explicit "*".
+		if protocol == ProtocolSotW && len(first.Names) != 0 {
+			t.Errorf("first request names %q, want none (the legacy wildcard)", first.Names)
 		}
-		if !slices.Equal(wildcard, []string{"*"}) {
-			t.Errorf("first request subscribes to %q, want an explicit wildcard", wildcard)
+		if protocol == ProtocolDelta && !slices.Equal(first.Subscribe, []string{"*"}) {
+			t.Errorf("first request subscribes to %q, want an explicit wildcard", first.Subscribe)
 		}
 
 		ack := srv.waitRequest(ClusterType, "ACK", func(r seenRequest) bool { return r.Nonce != "" })

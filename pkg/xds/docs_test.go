@@ -40,19 +40,31 @@ func TestDocsNACKMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	namedCluster, err := anypb.New(&clusterv3.Cluster{Name: "db"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name string
 		raw  rawResource
+		// more are the resources after raw in the response.
+		more []rawResource
+		// removed is the response's removed_resources (Delta).
+		removed []string
 		// want is the NACK's error_detail, or its start when the rest is
 		// protobuf's wording.
 		want string
 	}{
-		{"no body", rawResource{name: "db"}, `cluster "db": resource has no body`},
-		{"no name", rawResource{any: unnamed}, "cluster #0: resource has no name"},
-		{"other type", rawResource{any: named},
+		{"no body", rawResource{name: "db"}, nil, nil, `cluster "db": resource has no body`},
+		{"no name", rawResource{any: unnamed}, nil, nil, "cluster #0: resource has no name"},
+		{"other type", rawResource{any: named}, nil, nil,
 			`cluster "db": resource of type type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment in a response of type type.googleapis.com/envoy.config.cluster.v3.Cluster`},
-		{"undecodable", rawResource{any: &anypb.Any{TypeUrl: ClusterType, Value: []byte{0xff}}},
+		{"undecodable", rawResource{any: &anypb.Any{TypeUrl: ClusterType, Value: []byte{0xff}}}, nil, nil,
 			"cluster #0: cannot decode type.googleapis.com/envoy.config.cluster.v3.Cluster: "},
+		{"duplicate", rawResource{any: namedCluster}, []rawResource{{any: namedCluster}}, nil,
+			`cluster "db": resources[1]: duplicate of resources[0], the one applied`},
+		{"sent and removed", rawResource{name: "db", any: namedCluster}, nil, []string{"db"},
+			`cluster "db": removed_resources[0]: also in resources[0], the one applied`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			client, err := NewClient(Config{
@@ -69,7 +81,7 @@ func TestDocsNACKMessages(t *testing.T) {
 			client.Watch(ClusterType, true, HandlerFunc(func(context.Context, Update) map[string]error { return nil }))
 			client.applyWatches()
 			st := &recordingStream{}
-			resp := &response{typeURL: ClusterType, version: "1", nonce: "1", resources: []rawResource{c.raw}}
+			resp := &response{typeURL: ClusterType, version: "1", nonce: "1", resources: append([]rawResource{c.raw}, c.more...), removed: c.removed}
 			if err := client.handleResponse(context.Background(), st, resp); err != nil {
 				t.Fatal(err)
 			}

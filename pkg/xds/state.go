@@ -109,55 +109,110 @@ func (e *entry) row(typeURL, name string) *ResourceStatus {
 }
 
 // handleResponse applies one response to the cache, calls the handler with
-// what changed, and ACKs or NACKs it.
+// what changed, and ACKs or NACKs it. Each step is one function, where the
+// rules it holds (conformance_test.go) can be found: decode (with
+// checkDuplicate), sweep, removeNamed, deliverChanges, recordOutcome,
+// markResponded, ackOrNack.
 func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *response) error {
 	ts, ok := c.types[resp.typeURL]
 	if !ok {
+		// xds_protocol: a response of a type the client never asked for
+		// is ignored (neither ACKed nor NACKed).
 		c.log.Debug("Ignoring xDS response of a type not watched", "type", resp.typeURL)
 		return nil
 	}
-	now := time.Now()
-	delta := c.cfg.XDSProtocol == ProtocolDelta
 	ts.nonce = resp.nonce
 	// This response is answered instead of the one a NACK was held for.
 	ts.pendingNack = nil
 
-	var (
-		upserted []Resource
-		// again are resources the handler rejected before, unchanged:
-		// offered again only along with an update.
-		again     []Resource
-		removed   []string
-		touched   []string
-		changed   = map[string]fingerprint{} // given to the handler
-		rejected  = map[string]string{}      // name, or "#index" when unnamed
-		badSums   = map[string]fingerprint{}
-		offers    = map[string]*Resource{} // rejected by the handler
-		present   = make(map[string]struct{}, len(resp.resources))
-		sweepSafe = true
-		notAsked  int
-	)
+	a := newApplied(time.Now(), c.cfg.XDSProtocol == ProtocolDelta, len(resp.resources))
+	c.decode(ts, resp, a)
+	c.sweep(ts, a)
+	c.removeNamed(ts, resp, a)
+	c.deliverChanges(ctx, ts, a)
+	c.recordOutcome(ts, a)
+	c.writeResources(ts, a.touched)
+	// A78 counts every resource received, changed or not; rejected holds
+	// only resources of this response.
+	invalid := len(a.rejected) - a.removedTwice
+	c.metrics.updates(ts.url, len(resp.resources)-a.notAsked-invalid, invalid)
+	c.markResponded(ts)
+	return c.ackOrNack(st, ts, resp, a.rejected, a.now)
+}
 
+// applied is what handling one response found and did, passed from step to
+// step.
+type applied struct {
+	now   time.Time
+	delta bool
+
+	upserted []Resource
+	// again are resources the handler rejected before, unchanged:
+	// offered again only along with an update.
+	again   []Resource
+	removed []string
+	// touched are the names whose rows change.
+	touched []string
+	changed map[string]fingerprint // given to the handler
+	// rejected is each rejected resource's error by name, or by "#index"
+	// for an error about the response's resources[index] as a whole (no
+	// name, or a duplicate), which belongs to no cached resource; a name
+	// both sent and removed is "#" len(resources)+k, for removed_resources[k].
+	rejected map[string]string
+	badSums  map[string]fingerprint
+	offers   map[string]*Resource // rejected by the handler
+	// present are the names the response carries, asked for or not, and
+	// the index of each one's first instance.
+	present map[string]int
+	// sweepSafe is false when a resource without a name makes a sweep
+	// unsafe: it may be any cached resource.
+	sweepSafe bool
+	notAsked  int
+	// removedTwice counts the rejected entries of removed_resources that
+	// the response also sends: errors, but no resource of their own.
+	removedTwice int
+}
+
+func newApplied(now time.Time, delta bool, n int) *applied {
+	return &applied{
+		now:       now,
+		delta:     delta,
+		changed:   map[string]fingerprint{},
+		rejected:  map[string]string{},
+		badSums:   map[string]fingerprint{},
+		offers:    map[string]*Resource{},
+		present:   make(map[string]int, n),
+		sweepSafe: true,
+	}
+}
+
+// decode decodes each resource of the response and sorts it: rejected
+// (undecodable, of another type, unnamed, a duplicate), not asked for,
+// unchanged, rejected before and unchanged (again), or upserted.
+func (c *Client) decode(ts *typeState, resp *response, a *applied) {
 	for i, raw := range resp.resources {
 		name, msg, err := decodeResource(resp.typeURL, raw)
 		if name == "" {
 			// Which cached resource this is cannot be known, so a sweep
-			// could delete a resource that the server still has.
-			sweepSafe = false
-			rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s #%d: %s", KindName(ts.url), i, err)
+			// could delete a resource that the server still has (A46).
+			a.sweepSafe = false
+			a.rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s #%d: %s", KindName(ts.url), i, err)
 			continue
 		}
-		present[name] = struct{}{}
+		if dup := checkDuplicate(a.present, name, i); dup != "" {
+			a.rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s %q: %s", KindName(ts.url), name, dup)
+			continue
+		}
 		if !ts.wildcard {
 			if _, ok := ts.names[name]; !ok {
-				notAsked++
+				a.notAsked++
 				continue // not asked for
 			}
 		}
 		value := fingerprintOf(raw.any.GetValue())
 		if err != nil {
-			rejected[name] = err.Error()
-			badSums[name] = value
+			a.rejected[name] = err.Error()
+			a.badSums[name] = value
 			continue
 		}
 		e := ts.entries[name]
@@ -166,48 +221,82 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		case e != nil && e.accepted.valid() && e.accepted == value:
 			// Unchanged. If it was nacked, the server is back to the
 			// version in use.
-			if e.state != StateAcked || (delta && e.version != raw.version) {
-				if delta {
+			if e.state != StateAcked || (a.delta && e.version != raw.version) {
+				if a.delta {
 					e.version = raw.version
 				}
-				e.state, e.err, e.rejected, e.offer, e.updated = StateAcked, "", fingerprint{}, nil, now
-				touched = append(touched, name)
+				e.state, e.err, e.rejected, e.offer, e.updated = StateAcked, "", fingerprint{}, nil, a.now
+				a.touched = append(a.touched, name)
 			}
 		case e != nil && e.rejected.valid() && e.rejected == value:
-			changed[name] = value
-			again = append(again, r)
+			a.changed[name] = value
+			a.again = append(a.again, r)
 		default:
-			changed[name] = value
-			upserted = append(upserted, r)
+			a.changed[name] = value
+			a.upserted = append(a.upserted, r)
 		}
 	}
+}
 
-	// Every SotW response of a wildcard type is a full state; in Delta only
-	// the first of a stream is.
-	fullState := ts.wildcard && (!delta || ts.sweep)
-	ts.sweep = false
-	if fullState && sweepSafe {
-		// What the cache has and the full state lacks is gone.
-		for name, e := range ts.entries {
-			if _, ok := present[name]; ok {
-				continue
-			}
-			if e.accepted.valid() {
-				removed = append(removed, name)
-			}
-			delete(ts.entries, name)
-			touched = append(touched, name)
-		}
+// checkDuplicate records the first instance of a name in a response and
+// returns, for any later one, why it is rejected. As Envoy does ("duplicate
+// cluster ... found"), the first instance is the one applied and the
+// response is NACKed; the later ones are dropped before anything sees them,
+// and the rest of the response is applied as with any rejected resource
+// (A46). The error belongs to the response, not to the resource's cache
+// entry, whose state is that of the first instance.
+func checkDuplicate(first map[string]int, name string, i int) string {
+	j, seen := first[name]
+	if !seen {
+		first[name] = i
+		return ""
 	}
-	for _, name := range resp.removed {
+	return fmt.Sprintf("resources[%d]: duplicate of resources[%d], the one applied", i, j)
+}
+
+// sweep deletes what the cache has and a full state lacks. Every SotW
+// response of a wildcard type is a full state; in Delta only the first of a
+// stream is (no initial_resource_versions: the server sends everything).
+// Nothing is swept when a resource had no name (A46).
+func (c *Client) sweep(ts *typeState, a *applied) {
+	fullState := ts.wildcard && (!a.delta || ts.sweep)
+	ts.sweep = false
+	if !fullState || !a.sweepSafe {
+		return
+	}
+	for name, e := range ts.entries {
+		if _, ok := a.present[name]; ok {
+			continue
+		}
+		if e.accepted.valid() {
+			a.removed = append(a.removed, name)
+		}
+		delete(ts.entries, name)
+		a.touched = append(a.touched, name)
+	}
+}
+
+// removeNamed applies a Delta response's removed_resources: a wildcard
+// type's resource is gone; a requested one does not exist. A name the
+// response also sends is a duplicate: the instance sent is the one applied
+// (see checkDuplicate). A name removed twice is removed once.
+func (c *Client) removeNamed(ts *typeState, resp *response, a *applied) {
+	for k, name := range resp.removed {
+		if i, sent := a.present[name]; sent {
+			// Keyed after the resources, so that the NACK lists it last.
+			a.rejected["#"+strconv.Itoa(len(resp.resources)+k)] = fmt.Sprintf(
+				"%s %q: removed_resources[%d]: also in resources[%d], the one applied", KindName(ts.url), name, k, i)
+			a.removedTwice++
+			continue
+		}
 		e, ok := ts.entries[name]
 		if !ok {
 			continue
 		}
-		touched = append(touched, name)
+		a.touched = append(a.touched, name)
 		if ts.wildcard {
 			if e.accepted.valid() {
-				removed = append(removed, name)
+				a.removed = append(a.removed, name)
 			}
 			delete(ts.entries, name)
 			continue
@@ -215,50 +304,61 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		// A requested resource the server says does not exist.
 		ts.stopDeadline(name)
 		if e.accepted.valid() || e.state != StateDoesNotExist {
-			removed = append(removed, name)
+			a.removed = append(a.removed, name)
 		}
-		*e = entry{state: StateDoesNotExist, updated: now}
+		*e = entry{state: StateDoesNotExist, updated: a.now}
 	}
+}
 
-	if len(upserted) > 0 || len(removed) > 0 {
-		upserted = append(upserted, again...)
-		rej, offered := c.deliver(ctx, ts, upserted, removed, now)
-		touched = append(touched, offered...)
-		for _, r := range upserted {
-			err := rej[r.Name]
-			if err == nil {
-				continue // only an upserted resource can be rejected
-			}
-			rejected[r.Name] = err.Error()
-			badSums[r.Name] = changed[r.Name]
-			offers[r.Name] = &r
-			delete(changed, r.Name)
+// deliverChanges calls the handler when something changed, and moves what
+// it rejects from changed to rejected. Resources rejected before and
+// unchanged are offered again only along with a change: nothing else could
+// make them valid now.
+func (c *Client) deliverChanges(ctx context.Context, ts *typeState, a *applied) {
+	if len(a.upserted) == 0 && len(a.removed) == 0 {
+		for _, r := range a.again {
+			a.reject(r, ts.entries[r.Name].err)
 		}
-	} else {
-		// Nothing changed that could make them valid now.
-		for _, r := range again {
-			rejected[r.Name] = ts.entries[r.Name].err
-			badSums[r.Name] = changed[r.Name]
-			offers[r.Name] = &r
-			delete(changed, r.Name)
+		return
+	}
+	a.upserted = append(a.upserted, a.again...)
+	rej, offered := c.deliver(ctx, ts, a.upserted, a.removed, a.now)
+	a.touched = append(a.touched, offered...)
+	for _, r := range a.upserted {
+		if err := rej[r.Name]; err != nil {
+			a.reject(r, err.Error()) // only an upserted resource can be rejected
 		}
 	}
-	for _, r := range upserted {
-		value, ok := changed[r.Name]
+}
+
+// reject records that the handler rejected r, changed or not.
+func (a *applied) reject(r Resource, msg string) {
+	a.rejected[r.Name] = msg
+	a.badSums[r.Name] = a.changed[r.Name]
+	a.offers[r.Name] = &r
+	delete(a.changed, r.Name)
+}
+
+// recordOutcome writes the verdicts into the cache: an accepted resource
+// replaces the cached one; a rejected one keeps it (nacked-but-cached), or
+// is nacked when there is none, and exists all the same.
+func (c *Client) recordOutcome(ts *typeState, a *applied) {
+	for _, r := range a.upserted {
+		value, ok := a.changed[r.Name]
 		if !ok {
 			continue
 		}
 		e := ts.entry(r.Name)
-		*e = entry{accepted: value, version: r.Version, state: StateAcked, updated: now}
+		*e = entry{accepted: value, version: r.Version, state: StateAcked, updated: a.now}
 		ts.stopDeadline(r.Name)
-		touched = append(touched, r.Name)
+		a.touched = append(a.touched, r.Name)
 	}
-	for name, msg := range rejected {
+	for name, msg := range a.rejected {
 		if strings.HasPrefix(name, "#") {
 			continue
 		}
 		e := ts.entry(name)
-		e.err, e.rejected, e.offer, e.updated = msg, badSums[name], offers[name], now
+		e.err, e.rejected, e.offer, e.updated = msg, a.badSums[name], a.offers[name], a.now
 		ts.offering = ts.offering || e.offer != nil
 		e.state = StateNacked
 		if e.accepted.valid() {
@@ -266,22 +366,27 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 		}
 		// The server has it, even if it is bad: it exists.
 		ts.stopDeadline(name)
-		touched = append(touched, name)
+		a.touched = append(a.touched, name)
 	}
-	c.writeResources(ts, touched)
-	// A78 counts every resource received, changed or not; rejected holds
-	// only resources of this response.
-	c.metrics.updates(ts.url, len(resp.resources)-notAsked-len(rejected), len(rejected))
+}
 
-	if !ts.responded {
-		ts.responded = true
-		c.markSynced(ts.url)
-		// The names the handler just set are owed a response too: health
-		// must not turn OK before they are asked for.
-		c.applyWatches()
-		c.reportHealth()
+// markResponded marks the type synced on its first response of the stream.
+func (c *Client) markResponded(ts *typeState) {
+	if ts.responded {
+		return
 	}
+	ts.responded = true
+	c.markSynced(ts.url)
+	// The names the handler just set are owed a response too: health
+	// must not turn OK before they are asked for.
+	c.applyWatches()
+	c.reportHealth()
+}
 
+// ackOrNack answers the response: an ACK takes its version; a NACK keeps the
+// last accepted version and says what was rejected. A NACK identical to the
+// previous one is held back (see nackPace).
+func (c *Client) ackOrNack(st adsStream, ts *typeState, resp *response, rejected map[string]string, now time.Time) error {
 	var detail *rpcStatus
 	if len(rejected) == 0 {
 		ts.version = resp.version
