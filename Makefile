@@ -5,7 +5,7 @@ BIN      := bin
 BINARIES := l4xds-agent l4xds-dbg l4xds-control-plane
 PKGS     := ./...
 
-.PHONY: all build test bench fuzz generate demo docs lint clean
+.PHONY: all build test test-kind bench fuzz generate demo docs lint clean
 
 all: build
 
@@ -22,6 +22,13 @@ test: build
 	$(GO) vet $(PKGS)
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m $(PKGS)
 	cd $(CHART_TEST) && $(GO) vet ./... && L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
+	cd test/kind && $(GO) vet ./...
+	./test/kind/run.sh
+
+# The chart, traffic and faults on a two-node kind cluster built offline
+# (test/kind/README.md). Root only; it skips with a message otherwise.
+test-kind:
+	./test/kind/run.sh
 
 # Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of
@@ -55,6 +62,7 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet $(PKGS)
 	cd $(CHART_TEST) && $(GO) vet ./...
+	cd test/kind && $(GO) vet ./...
 	@command -v shellcheck >/dev/null || { echo "shellcheck is missing: apt-get install shellcheck"; exit 1; }
 	shellcheck test/demo.sh test/kind/*.sh .ci/run
 
