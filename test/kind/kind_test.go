@@ -354,7 +354,7 @@ func checkSplit(t *testing.T, what string, r probeResult, want map[string]float6
 	}
 }
 
-// traffic probes both VIPs through alternating nodes until stopped, and
+// traffic probes both VIPs through alternating nodes (via) until stopped, and
 // counts the flows and the failures: the load during a fault.
 type traffic struct {
 	stop  chan struct{}
@@ -366,7 +366,10 @@ type traffic struct {
 	names map[string]int
 }
 
-func (c *cluster) startTraffic(t *testing.T) *traffic {
+func (c *cluster) startTraffic(t *testing.T, via ...node) *traffic {
+	if len(via) == 0 {
+		via = c.nodes
+	}
 	tr := &traffic{stop: make(chan struct{}), done: make(chan struct{}), fails: map[string]int{}, names: map[string]int{}}
 	go func() {
 		defer close(tr.done)
@@ -378,7 +381,7 @@ func (c *cluster) startTraffic(t *testing.T) *traffic {
 			}
 			// Routes are the client's: switching them between batches sends
 			// alternate batches through each node.
-			n := c.nodes[i%len(c.nodes)]
+			n := via[i%len(via)]
 			for _, vip := range []string{tcpVIP, udpVIP} {
 				ip, _, _ := strings.Cut(vip, ":")
 				if _, err := c.run("docker", "exec", c.client, "ip", "route", "replace", ip+"/32", "via", n.ip); err != nil {
@@ -711,7 +714,9 @@ func (c *cluster) agentDeleted(t *testing.T) {
 		return ok, fail
 	}
 	time.Sleep(2 * time.Second)
-	tr := c.startTraffic(t)
+	// New flows through the same node only: the held connection's packets
+	// must keep going through the node whose agent is replaced.
+	tr := c.startTraffic(t, n)
 
 	old := c.agents(t)[n.name]
 	c.kubectl(t, "-n", ns, "delete", "pod", old.name, "--wait=true")
