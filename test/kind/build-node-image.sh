@@ -61,6 +61,10 @@ kubernetes() {
 	sv=v0.${kv#v1.}
 	minor=${kv#v1.}
 	minor=${minor%%.*}
+	if [ -x "$bin/kubelet" ] && [ "$(cat "$bin/.kubernetes-version" 2>/dev/null)" = "$kv" ]; then
+		cp "$bin/kubectl" "$CACHE/bin/kubectl"
+		return
+	fi
 	if [ ! -f "$src/.ready" ]; then
 		step "Kubernetes $kv source"
 		go mod download "k8s.io/kubernetes@$kv"
@@ -85,16 +89,16 @@ kubernetes() {
 		chmod -R u+w "$src/staging"
 		touch "$src/.ready"
 	fi
-	if [ ! -x "$bin/kubelet" ] || [ "$(cat "$bin/.kubernetes-version" 2>/dev/null)" != "$kv" ]; then
-		step "Kubernetes $kv binaries"
-		local v="-X k8s.io/component-base/version" c="-X k8s.io/client-go/pkg/version"
-		local ld="-s -w $v.gitVersion=$kv $v.gitMajor=1 $v.gitMinor=$minor $v.gitTreeState=clean $v.gitCommit=0000000000000000000000000000000000000000 $v.buildDate=1970-01-01T00:00:00Z"
-		ld="$ld $c.gitVersion=$kv $c.gitMajor=1 $c.gitMinor=$minor $c.gitTreeState=clean"
-		(cd "$src" && timed "Kubernetes binaries" nice -n 10 go build -trimpath -tags=notest -ldflags "$ld" -o "$bin/" \
-			./cmd/kubelet ./cmd/kubeadm ./cmd/kubectl ./cmd/kube-apiserver \
-			./cmd/kube-controller-manager ./cmd/kube-scheduler ./cmd/kube-proxy)
-		echo "$kv" >"$bin/.kubernetes-version"
-	fi
+	step "Kubernetes $kv binaries"
+	# Version ldflags as Kubernetes' own build sets them: kubeadm asks for
+	# the control-plane images of its version.
+	local v="-X k8s.io/component-base/version" c="-X k8s.io/client-go/pkg/version"
+	local ld="-s -w $v.gitVersion=$kv $v.gitMajor=1 $v.gitMinor=$minor $v.gitTreeState=clean $v.gitCommit=0000000000000000000000000000000000000000 $v.buildDate=1970-01-01T00:00:00Z"
+	ld="$ld $c.gitVersion=$kv $c.gitMajor=1 $c.gitMinor=$minor $c.gitTreeState=clean"
+	(cd "$src" && timed "Kubernetes binaries" nice -n 10 go build -trimpath -tags=notest -ldflags "$ld" -o "$bin/" \
+		./cmd/kubelet ./cmd/kubeadm ./cmd/kubectl ./cmd/kube-apiserver \
+		./cmd/kube-controller-manager ./cmd/kube-scheduler ./cmd/kube-proxy)
+	echo "$kv" >"$bin/.kubernetes-version"
 	cp "$bin/kubectl" "$CACHE/bin/kubectl"
 }
 

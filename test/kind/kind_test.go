@@ -474,15 +474,35 @@ func (c *cluster) returnPath(t *testing.T) {
 				continue
 			}
 			mark, table := fmt.Sprint(0x4c00+i), fmt.Sprint(100+i)
-			for _, cmd := range [][]string{
-				{"iptables", "-t", "mangle", "-A", "PREROUTING", "-i", "eth0", "-d", n.podCIDR, "-m", "mac", "--mac-source", m.mac, "-j", "CONNMARK", "--set-mark", mark},
-				{"ip", "rule", "add", "fwmark", mark, "lookup", table},
-				{"ip", "route", "replace", "default", "via", m.ip, "dev", "eth0", "table", table},
-			} {
-				c.must(t, "docker", append([]string{"exec", n.name}, cmd...)...)
-			}
+			c.iptablesOnce(t, n, "-i", "eth0", "-d", n.podCIDR, "-m", "mac", "--mac-source", m.mac, "-j", "CONNMARK", "--set-mark", mark)
+			c.run("docker", "exec", n.name, "ip", "rule", "del", "fwmark", mark, "lookup", table)
+			c.must(t, "docker", "exec", n.name, "ip", "rule", "add", "fwmark", mark, "lookup", table)
+			c.must(t, "docker", "exec", n.name, "ip", "route", "replace", "default", "via", m.ip, "dev", "eth0", "table", table)
 		}
-		c.must(t, "docker", "exec", n.name, "iptables", "-t", "mangle", "-A", "PREROUTING", "-i", "cni0", "-j", "CONNMARK", "--restore-mark")
+		c.iptablesOnce(t, n, "-i", "cni0", "-j", "CONNMARK", "--restore-mark")
+	}
+}
+
+// iptablesOnce appends a rule to the mangle table's PREROUTING of node n
+// unless it is there.
+func (c *cluster) iptablesOnce(t *testing.T, n node, rule ...string) {
+	t.Helper()
+	args := append([]string{"exec", n.name, "iptables", "-t", "mangle", "-C", "PREROUTING"}, rule...)
+	if _, err := c.run("docker", args...); err == nil {
+		return
+	}
+	args[5] = "-A"
+	c.must(t, "docker", args...)
+}
+
+// reset removes what a previous run on a kept cluster (KEEP=1) left; a
+// new cluster has none of it.
+func (c *cluster) reset(t *testing.T) {
+	c.run("helm", "uninstall", "l4xds", "-n", ns, "--wait")
+	c.run("kubectl", "-n", ns, "delete", "secret", "l4xds-agent-tls", "l4xds-control-plane-tls", "--ignore-not-found")
+	c.run("kubectl", "delete", "namespace", testNS, "--ignore-not-found", "--wait")
+	for _, n := range c.nodes {
+		c.run("docker", "exec", n.name, "rm", "-rf", "/sys/fs/bpf/l4xds")
 	}
 }
 
@@ -518,6 +538,7 @@ func TestKind(t *testing.T) {
 	c := setup(t)
 	c.dumpOnFailure(t)
 	start := time.Now()
+	c.reset(t)
 
 	// The backend pods, one per node, serving TCP 3306 and UDP 7777 and
 	// answering with their pod name.

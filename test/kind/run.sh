@@ -55,6 +55,7 @@ saved=()
 for s in "${SYSCTLS[@]}"; do saved+=("$s=$(sysctl -n "$s")"); done
 dockerd_pid=
 created=0
+KUBECONFIG=$work/kubeconfig
 network_existed=1
 
 cleanup() {
@@ -63,7 +64,7 @@ cleanup() {
 	if [ "$created" = 1 ] && [ "$KEEP" != 1 ]; then
 		say "deleting cluster $CLUSTER and the client"
 		docker rm -f "$CLIENT" >/dev/null 2>&1
-		"$L4XDS_CACHE/bin/kind" delete cluster --name "$CLUSTER" --kubeconfig "$work/kubeconfig"
+		"$L4XDS_CACHE/bin/kind" delete cluster --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
 		# kind leaves its Docker network; remove it when it made it.
 		[ "$network_existed" = 1 ] || docker network rm kind >/dev/null
 	fi
@@ -75,6 +76,8 @@ cleanup() {
 	if [ "$KEEP" != 1 ]; then
 		sysctl -q -w "${saved[@]}"
 		say "restored ${saved[*]}"
+	else
+		say "kept: KUBECONFIG=$KUBECONFIG; afterwards: kind delete cluster --name $CLUSTER; docker rm -f $CLIENT; sysctl -w ${saved[*]}"
 	fi
 	rm -rf "$work"
 	exit "$rc"
@@ -121,6 +124,8 @@ docker build -q -t "$IMAGE" "$work/image" >/dev/null
 say "creating cluster $CLUSTER ($node_image)"
 created=1
 export KUBECONFIG=$work/kubeconfig
+# A kept cluster's kubeconfig outlives the run.
+[ "$KEEP" != 1 ] || KUBECONFIG=$L4XDS_CACHE/kubeconfig-$CLUSTER
 kind create cluster --name "$CLUSTER" --image "$node_image" --config "$here/kind-config.yaml" --wait 4m
 say "cluster Ready"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
