@@ -45,6 +45,13 @@ timed() { # timed NAME CMD...: runs CMD, reports how long it took
 	echo "=== build-node-image: $name took $(($(date +%s) - s))s" >&2
 }
 
+# quiet CMD...: runs CMD, showing its output only when it fails (Docker
+# 20.10's builder prints a deprecation notice on every build).
+quiet() {
+	local out
+	out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }
+}
+
 # Host tools. go build is incremental, so these are quick when warm.
 tools() {
 	if [ ! -x "$CACHE/bin/kind" ] || ! "$CACHE/bin/kind" version | grep -q "$KIND_VERSION"; then
@@ -181,7 +188,7 @@ scratch_image() { # scratch_image TAG BINARY PATH: FROM scratch, the binary at P
 	mkdir -p "$work/$2"
 	cp "$bin/$2" "$work/$2/"
 	printf 'FROM scratch\nENV PATH=/usr/local/bin:/usr/bin:/bin\nCOPY %s %s\nENTRYPOINT ["%s"]\n' "$2" "$3" "$3" >"$work/$2/Dockerfile"
-	docker build -q -t "$1" "$work/$2" >&2
+	quiet docker build -q -t "$1" "$work/$2"
 }
 scratch_image "$(want kube-apiserver)" kube-apiserver /usr/local/bin/kube-apiserver
 scratch_image "$(want kube-controller-manager)" kube-controller-manager /usr/local/bin/kube-controller-manager
@@ -195,14 +202,14 @@ mkdir -p "$work/proxy"
 cp "$bin/kube-proxy" "$bin/kubectl" "$work/proxy/"
 printf 'FROM %s\nCOPY kube-proxy kubectl /usr/local/bin/\n' "$base" >"$work/proxy/Dockerfile"
 netd=docker.io/l4xds-kind/netd:v1
-docker build -q -t "$(want kube-proxy)" -t "$netd" "$work/proxy" >&2
+quiet docker build -q -t "$(want kube-proxy)" -t "$netd" "$work/proxy"
 docker save "${wanted[@]}" "$netd" -o "$work/images.tar"
 
 mkdir -p "$work/node"
 cp -r "$here/node/Dockerfile" "$here/node/files" "$work/node/"
 mkdir -p "$work/node/bin"
 cp "$bin/kubelet" "$bin/kubeadm" "$bin/kubectl" "$bin/runc-nosysres" "$work/node/bin/"
-docker build -q --build-arg "BASE=$base" --build-arg "KUBERNETES_VERSION=$KUBERNETES_VERSION" -t "$image-base" "$work/node" >&2
+quiet docker build -q --build-arg "BASE=$base" --build-arg "KUBERNETES_VERSION=$KUBERNETES_VERSION" -t "$image-base" "$work/node"
 
 # Preload the images into the node's containerd, as `kind build node-image`
 # does: start containerd in a container of the image, import, commit.

@@ -26,9 +26,14 @@ KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-}
 app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$repo/install/kubernetes/l4xds/Chart.yaml")
 IMAGE=registry.example.com/l4xds:$app_version
 CLIENT=$CLUSTER-client
-# Global sysctls that kubelet sets on the shared kernel (as kind does
-# anywhere), and the host's ip_forward, which dockerd turns on.
-SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory net.ipv4.ip_forward)
+# Sysctls a run changes on the host (found by diffing `sysctl -a` around a
+# run): kubelet's kernel.panic, kernel.panic_on_oops, vm.overcommit_memory
+# and the nodes' systemd's fs.* are global, not per container, as with kind
+# anywhere; dockerd turns on forwarding (which also turns off
+# accept_redirects). Restored in this order.
+SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory
+	fs.file-max fs.protected_fifos fs.protected_regular fs.protected_symlinks
+	net.ipv4.ip_forward net.ipv4.conf.all.accept_redirects net.ipv6.conf.all.forwarding)
 
 t0=$(date +%s)
 say() { printf '=== test-kind +%ss: %s\n' "$(($(date +%s) - t0))" "$*"; }
@@ -119,7 +124,7 @@ mkdir -p "$work/image"
 # The same binaries as the repository's Dockerfile, which needs a registry
 # for its base images: static, on an empty base.
 printf 'FROM scratch\nCOPY l4xds-agent l4xds-dbg l4xds-control-plane l4xds-traffic /usr/local/bin/\nENV PATH=/usr/local/bin\nCMD ["l4xds-agent"]\n' >"$work/image/Dockerfile"
-docker build -q -t "$IMAGE" "$work/image" >/dev/null
+docker build -q -t "$IMAGE" "$work/image" >/dev/null 2>&1
 
 say "creating cluster $CLUSTER ($node_image)"
 created=1
