@@ -5,7 +5,7 @@ BIN      := bin
 BINARIES := l4xds-agent l4xds-dbg l4xds-control-plane
 PKGS     := ./...
 
-.PHONY: all build test test-cilium bench fuzz generate demo demo-cilium docs lint clean
+.PHONY: all build test test-cilium test-kind bench fuzz generate demo demo-cilium docs lint clean
 
 all: build
 
@@ -23,6 +23,8 @@ test: build
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m $(PKGS)
 	cd $(CHART_TEST) && $(GO) vet ./... && L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
 	$(MAKE) test-cilium
+	cd test/kind && $(GO) vet ./...
+	./test/kind/run.sh
 
 # The Cilium module (cilium/): Cilium's agent with our cell, its script
 # tests on Cilium's tables and maps, the upstream chart, and as root the real
@@ -30,6 +32,11 @@ test: build
 # llvm-19 iptables ipset bpftool). Go's build cache keeps the agent's build.
 test-cilium: build
 	$(MAKE) -C cilium test L4XDS_BIN=$(CURDIR)/$(BIN)
+
+# The chart, traffic and faults on a two-node kind cluster built offline
+# (test/kind/README.md). Root only; it skips with a message otherwise.
+test-kind:
+	./test/kind/run.sh
 
 # Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of
@@ -70,6 +77,7 @@ lint:
 	$(GO) vet $(PKGS)
 	cd $(CHART_TEST) && $(GO) vet ./...
 	cd cilium && $(GO) vet ./...
+	cd test/kind && $(GO) vet ./...
 	@command -v shellcheck >/dev/null || { echo "shellcheck is missing: apt-get install shellcheck"; exit 1; }
 	shellcheck test/demo.sh test/kind/*.sh .ci/run
 

@@ -34,7 +34,7 @@ var DefaultConfig = Config{
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("datapath", def.Datapath, "Datapath that forwards the frontends: bpf or none (tables only)")
-	flags.StringSlice("devices", def.Devices, "Interfaces the datapath attaches to")
+	flags.StringSlice("devices", def.Devices, "Interfaces the datapath attaches to; auto: those up with a global unicast address at start (the uplink and a CNI bridge)")
 	flags.String("bpf-root", def.BPFRoot, "Mount point of the BPF filesystem; maps are pinned under <bpf-root>/l4xds")
 	flags.Uint("lb-maglev-table-size", def.LBMaglevTableSize, "Size of each service's Maglev lookup table (a prime)")
 }

@@ -43,6 +43,18 @@ type Datapath struct {
 // cfg.Devices, replacing the program of links already pinned (no gap).
 // Links of devices no longer in cfg.Devices are detached.
 func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
+	// Name missing capabilities before the memlock probe blames the rlimit.
+	eff, err := effectiveCapabilities()
+	if err != nil {
+		return nil, fmt.Errorf("read the effective capabilities: %w", err)
+	}
+	capWarning, capErr := capabilityProblems(eff)
+	if capErr != nil {
+		return nil, capErr
+	}
+	if capWarning != "" {
+		log.Warn(capWarning)
+	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("raise the memlock limit: %w", err)
 	}
@@ -81,7 +93,14 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	if d.Maps, err = newMaps(&d.objs.L4xdsMaps, inner.Copy()); err != nil {
 		return nil, err
 	}
-	if err := d.attach(log, cfg.Devices); err != nil {
+	devices, err := resolveDevices(cfg.Devices)
+	if err != nil {
+		return nil, fmt.Errorf("--devices: detect: %w", err)
+	}
+	if slices.Contains(cfg.Devices, AutoDevices) {
+		log.Info("Devices detected", "devices", devices)
+	}
+	if err := d.attach(log, devices); err != nil {
 		return nil, err
 	}
 	return d, nil

@@ -1,85 +1,88 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 #
-# test/kind/run.sh: l4xds on a real Kubernetes cluster. Creates a kind
-# cluster, builds the image and loads it, installs the Helm chart with the
-# reference control plane over mTLS, serves a VIP whose backends are pods,
-# and checks from a client pod that every TCP and UDP flow to the VIP is
-# answered and that the flows split by the backends' weights.
+# test/kind/run.sh (`make test-kind`): l4xds on a real two-node Kubernetes
+# cluster. Starts a Docker engine if none runs, builds or reuses the kind
+# node image (build-node-image.sh) and the l4xds image, creates the cluster
+# and a client container outside the nodes, runs the Go test of this
+# directory (kind_test.go), then deletes what it made and restores the host:
+# the sysctls kubelet and dockerd change, and the dockerd it started.
 #
-# Needs a Docker engine, kind, kubectl, helm and jq (see README.md). It
-# cannot run on a machine without a Docker engine, such as this
-# repository's CI machine: there `make test` covers the chart instead.
+#   test/kind/run.sh                       # offline: everything built here
+#   KIND_NODE_IMAGE=kindest/node:v1.34.0 test/kind/run.sh   # with internet
+#   KEEP=1 test/kind/run.sh                # keep the cluster for a look
 #
-#   test/kind/run.sh             # create, test, delete the cluster
-#   KEEP=1 test/kind/run.sh      # keep the cluster for a look afterwards
+# Needs root (kind's nodes, the sysctls), Go, docker.io, zstd and, for the
+# offline node image, debootstrap (.ci/run installs them).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
 
+export L4XDS_CACHE=${L4XDS_CACHE:-/var/cache/l4xds}
 CLUSTER=${CLUSTER:-l4xds}
-IMAGE_REPO=${IMAGE_REPO:-l4xds}
-IMAGE_TAG=${IMAGE_TAG:-kind}
-NS=${NS:-l4xds}
 KEEP=${KEEP:-0}
-FLOWS=${FLOWS:-2000}
-# Allowed distance, in percentage points, between a backend's share of the
-# flows and its share of the weights (Maglev approximates the weights).
-TOLERANCE=${TOLERANCE:-5}
+KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-}
+# The docs' image name (Documentation/kubernetes.md), at the chart's version.
+app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$repo/install/kubernetes/l4xds/Chart.yaml")
+IMAGE=registry.example.com/l4xds:$app_version
+CLIENT=$CLUSTER-client
+# Sysctls a run changes on the host (found by diffing `sysctl -a` around a
+# run): kubelet's kernel.panic, kernel.panic_on_oops, vm.overcommit_memory
+# and the nodes' systemd's fs.* are global, not per container, as with kind
+# anywhere; dockerd turns on forwarding (which also turns off
+# accept_redirects). Restored in this order.
+SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory
+	fs.file-max fs.protected_fifos fs.protected_regular fs.protected_symlinks
+	net.ipv4.ip_forward net.ipv4.conf.all.accept_redirects net.ipv6.conf.all.forwarding)
 
-IMAGE=$IMAGE_REPO:$IMAGE_TAG
-NODE=$CLUSTER-control-plane
-RELEASE=l4xds
-VIP=10.200.0.10
-PORT=8080
-# The backend pods and their weights: 50/30/20.
-BACKENDS=(backend-0 backend-1 backend-2)
-WEIGHTS=(50 30 20)
+t0=$(date +%s)
+say() { printf '=== test-kind +%ss: %s\n' "$(($(date +%s) - t0))" "$*"; }
 
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-k() { kubectl --context "kind-$CLUSTER" "$@"; }
-on_node() { docker exec "$NODE" "$@"; }
-
-missing=()
-for tool in docker kind kubectl helm jq; do
-	command -v "$tool" >/dev/null || missing+=("$tool")
+if [ "$(id -u)" != 0 ]; then
+	echo "test-kind: SKIP: needs root (kind nodes are privileged containers, kubelet sets host sysctls)"
+	exit 0
+fi
+for tool in go docker dockerd zstd; do
+	command -v "$tool" >/dev/null && continue
+	echo "test-kind: $tool is missing: apt-get install docker.io zstd (debootstrap too for the offline node image; .ci/run installs them)"
+	# CI installs them, so there a missing tool is an error, not a skip.
+	[ "${L4XDS_KIND_REQUIRED:-0}" = 1 ] && exit 1
+	echo "test-kind: SKIP"
+	exit 0
 done
-if [ "${#missing[@]}" -gt 0 ]; then
-	cat >&2 <<EOF
-missing: ${missing[*]}
-This harness needs a Docker engine and kind, kubectl, helm and jq:
-  docker   https://docs.docker.com/engine/install/ (the engine, not only the client)
-  kind     go install sigs.k8s.io/kind@latest
-  kubectl  https://kubernetes.io/docs/tasks/tools/
-  helm     https://helm.sh/docs/intro/install/
-  jq       apt-get install jq
-EOF
-	exit 2
-fi
-if ! docker info >/dev/null 2>&1; then
-	echo "no Docker engine answers (docker info failed): kind runs its nodes as Docker containers, so this harness cannot run here" >&2
-	exit 2
-fi
+[ -n "$KIND_NODE_IMAGE" ] || command -v debootstrap >/dev/null || {
+	echo "test-kind: debootstrap is missing (apt-get install debootstrap), needed to build the node image offline" >&2
+	exit 1
+}
 
 work=$(mktemp -d -t l4xds-kind.XXXXXX)
+saved=()
+for s in "${SYSCTLS[@]}"; do saved+=("$s=$(sysctl -n "$s")"); done
+dockerd_pid=
 created=0
+KUBECONFIG=$work/kubeconfig
+network_existed=1
+
 cleanup() {
 	local rc=$?
 	set +e
-	if [ "$rc" != 0 ] && [ "$created" = 1 ]; then
-		say "Failed: the state of the cluster"
-		k get pods -A -o wide
-		k -n "$NS" logs "ds/$RELEASE" --tail 40
-		k -n "$NS" logs "deploy/$RELEASE-control-plane" --tail 20
-		k -n "$NS" exec "ds/$RELEASE" -- l4xds-dbg status
-		k -n "$NS" exec "ds/$RELEASE" -- l4xds-dbg statedb frontends
+	if [ "$created" = 1 ] && [ "$KEEP" != 1 ]; then
+		say "deleting cluster $CLUSTER and the client"
+		docker rm -f "$CLIENT" >/dev/null 2>&1
+		"$L4XDS_CACHE/bin/kind" delete cluster --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
+		# kind leaves its Docker network; remove it when it made it.
+		[ "$network_existed" = 1 ] || docker network rm kind >/dev/null
 	fi
-	if [ "$created" = 1 ]; then
-		if [ "$KEEP" = 1 ]; then
-			say "Keeping cluster $CLUSTER (kind delete cluster --name $CLUSTER)"
-		else
-			say "Deleting cluster $CLUSTER"
-			kind delete cluster --name "$CLUSTER"
-		fi
+	if [ -n "$dockerd_pid" ] && [ "$KEEP" != 1 ]; then
+		say "stopping the dockerd this run started (pid $dockerd_pid)"
+		kill "$dockerd_pid"
+		wait "$dockerd_pid"
+	fi
+	if [ "$KEEP" != 1 ]; then
+		sysctl -q -w "${saved[@]}"
+		say "restored ${saved[*]}"
+	else
+		say "kept: KUBECONFIG=$KUBECONFIG; afterwards: kind delete cluster --name $CLUSTER; docker rm -f $CLIENT; sysctl -w ${saved[*]}"
 	fi
 	rm -rf "$work"
 	exit "$rc"
@@ -87,181 +90,56 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# until_ok CMD...: retry CMD for up to 3 minutes.
-until_ok() {
-	for _ in $(seq 90); do
-		"$@" >/dev/null 2>&1 && return 0
-		sleep 2
-	done
-	echo "timed out waiting for: $*" >&2
-	return 1
-}
-
-say "kind cluster $CLUSTER"
-if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
-	echo "cluster $CLUSTER exists already: delete it (kind delete cluster --name $CLUSTER) or set CLUSTER" >&2
-	exit 1
+# A Docker engine: the running one, or one started for this run. A host
+# whose capability bounding set lacks CAP_SYS_RESOURCE (itself a container)
+# cannot run privileged containers with plain runc: runc-nosysres drops the
+# capabilities the host does not have from each container's spec. It is set
+# on the command line, so /etc/docker/daemon.json is not touched.
+mkdir -p "$L4XDS_CACHE/bin"
+(cd "$here/node/tools" && CGO_ENABLED=0 go build -o "$L4XDS_CACHE/bin/" ./runc-nosysres)
+if ! docker info >/dev/null 2>&1; then
+	say "starting dockerd"
+	dockerd --add-runtime "runc-nosysres=$L4XDS_CACHE/bin/runc-nosysres" --default-runtime runc-nosysres \
+		>"$L4XDS_CACHE/dockerd.log" 2>&1 &
+	dockerd_pid=$!
+	for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+	docker info >/dev/null || { tail -20 "$L4XDS_CACHE/dockerd.log" >&2; exit 1; }
 fi
+docker network inspect kind >/dev/null 2>&1 || network_existed=0
+
+say "node image"
+if [ -n "$KIND_NODE_IMAGE" ]; then
+	node_image=$KIND_NODE_IMAGE
+	L4XDS_TOOLS_ONLY=1 "$here/build-node-image.sh" >/dev/null
+else
+	node_image=$("$here/build-node-image.sh" | tail -1)
+fi
+export PATH=$L4XDS_CACHE/bin:$PATH
+
+say "l4xds binaries and image $IMAGE"
+make -C "$repo" build >/dev/null
+mkdir -p "$work/image"
+(cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$work/image/" \
+	./cmd/l4xds-agent ./cmd/l4xds-dbg ./cmd/l4xds-control-plane ./test/l4xds-traffic)
+# The same binaries as the repository's Dockerfile, which needs a registry
+# for its base images: static, on an empty base.
+printf 'FROM scratch\nCOPY l4xds-agent l4xds-dbg l4xds-control-plane l4xds-traffic /usr/local/bin/\nENV PATH=/usr/local/bin\nCMD ["l4xds-agent"]\n' >"$work/image/Dockerfile"
+docker build -q -t "$IMAGE" "$work/image" >/dev/null 2>&1
+
+say "creating cluster $CLUSTER ($node_image)"
 created=1
-kind create cluster --name "$CLUSTER" --config test/kind/kind-config.yaml --wait 180s
-
-# kind nodes share the host's kernel: the datapath attaches with tcx.
-kernel=$(on_node uname -r)
-major=${kernel%%.*} rest=${kernel#*.}
-minor=${rest%%[!0-9]*}
-if [ "$major" -lt 6 ] || { [ "$major" = 6 ] && [ "$minor" -lt 6 ]; }; then
-	echo "kernel $kernel: the l4xds datapath needs Linux 6.6 or newer (tcx)" >&2
-	exit 1
-fi
-
-# The agent is not privileged and cannot mount a bpffs: the node provides
-# one (systemd does on a real node; a kind node container may not have it).
-# Shared, so that the agent's HostToContainer mount sees it.
-on_node sh -c 'grep -q " /sys/fs/bpf bpf " /proc/mounts || mount -t bpf bpf /sys/fs/bpf; mount --make-shared /sys/fs/bpf'
-
-say "Image $IMAGE"
-docker build -t "$IMAGE" .
+export KUBECONFIG=$work/kubeconfig
+# A kept cluster's kubeconfig outlives the run.
+[ "$KEEP" != 1 ] || KUBECONFIG=$L4XDS_CACHE/kubeconfig-$CLUSTER
+kind create cluster --name "$CLUSTER" --image "$node_image" --config "$here/kind-config.yaml" --wait 4m
+say "cluster Ready"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
+# The client, outside the nodes on kind's network: the node image has ip
+# and a shell; it gets l4xds-traffic, and routes to the VIPs per test.
+docker run -d --name "$CLIENT" --network kind --cap-add NET_ADMIN --entrypoint sleep "$node_image" infinity >/dev/null
+docker cp "$work/image/l4xds-traffic" "$CLIENT:/usr/local/bin/l4xds-traffic"
 
-say "Development certificates and the TLS Secrets"
-# The agents dial the control plane's Service: its certificate carries that name.
-mkdir -p "$work/certs"
-docker run --rm --user "$(id -u):$(id -g)" -v "$work/certs:/certs" "$IMAGE" \
-	l4xds-control-plane certs --out /certs --server-name "$RELEASE-control-plane.$NS.svc"
-k create namespace "$NS"
-k -n "$NS" create secret generic l4xds-agent-tls \
-	--from-file=tls.crt="$work/certs/client.crt" --from-file=tls.key="$work/certs/client.key" \
-	--from-file=ca.crt="$work/certs/ca.crt"
-k -n "$NS" create secret generic l4xds-control-plane-tls \
-	--from-file=tls.crt="$work/certs/server.crt" --from-file=tls.key="$work/certs/server.key" \
-	--from-file=ca.crt="$work/certs/ca.crt"
-
-say "Backend pods (l4xds-traffic serve, TCP and UDP $PORT) and a client pod"
-pod() { # pod NAME ARGS...: a pod of the image running l4xds-traffic ARGS
-	local name=$1
-	shift
-	cat <<EOF
----
-apiVersion: v1
-kind: Pod
-metadata: {name: $name, namespace: $NS, labels: {app.kubernetes.io/part-of: l4xds-kind}}
-spec:
-  automountServiceAccountToken: false
-  containers:
-  - name: traffic
-    image: $IMAGE
-    imagePullPolicy: Never
-    command: [l4xds-traffic]
-    args:
-EOF
-	local a
-	for a in "$@"; do printf '    - "%s"\n' "$a"; done
-}
-{
-	for b in "${BACKENDS[@]}"; do pod "$b" serve --name "$b" --tcp ":$PORT" --udp ":$PORT"; done
-	# The client only needs to run: the probes are kubectl exec'd into it.
-	pod client serve --name client --tcp :9
-} >"$work/pods.yaml"
-k apply -f "$work/pods.yaml"
-k -n "$NS" wait --for=condition=Ready pod -l app.kubernetes.io/part-of=l4xds-kind --timeout=180s
-
-# Where each pod's traffic enters the node: the host side of its veth.
-# The agent attaches to the client's (packets to the VIP, DNATed there) and
-# the backends' (their replies, reverse-NATed there).
-ip_of() { k -n "$NS" get pod "$1" -o jsonpath='{.status.podIP}'; }
-dev_of() { on_node ip -o route get "$1" | sed -n 's/.* dev \([^ ]*\).*/\1/p'; }
-client_ip=$(ip_of client)
-devices=("$(dev_of "$client_ip")")
-endpoints=""
-for i in "${!BACKENDS[@]}"; do
-	ip=$(ip_of "${BACKENDS[$i]}")
-	devices+=("$(dev_of "$ip")")
-	endpoints+="        - {endpoint: {address: {socket_address: {address: $ip, port_value: $PORT}}}, load_balancing_weight: ${WEIGHTS[$i]}}
-"
-	echo "${BACKENDS[$i]} $ip on ${devices[-1]}, weight ${WEIGHTS[$i]}"
-done
-echo "client $client_ip on ${devices[0]}"
-
-# The datapath rewrites packets at tc ingress, before netfilter: the node's
-# conntrack would see a flow's two halves as two flows and find the TCP
-# SYN-ACK invalid (kube-proxy drops invalid packets it forwards). The client's
-# packets and the VIP's replies bypass conntrack. Replies from the VIP come
-# in on a backend's interface, which strict reverse-path filtering drops.
-on_node iptables -t raw -I PREROUTING -s "$client_ip" -j NOTRACK
-on_node iptables -t raw -I PREROUTING -s "$VIP" -j NOTRACK
-on_node sysctl -qw net.ipv4.conf.all.rp_filter=0
-for dev in "${devices[@]}"; do on_node sysctl -qw "net.ipv4.conf.$dev.rp_filter=0"; done
-
-say "helm install: the agent on ${devices[*]}, the control plane serving $VIP:$PORT TCP and UDP"
-cat >"$work/values.yaml" <<EOF
-image: {repository: $IMAGE_REPO, tag: $IMAGE_TAG, pullPolicy: Never}
-xdsControlPlane:
-  enabled: true
-  tlsSecretName: l4xds-agent-tls
-devices: [$(
-	IFS=,
-	echo "${devices[*]}"
-)]
-controlPlane:
-  enabled: true
-  tlsSecretName: l4xds-control-plane-tls
-  xdsResources: |
-    resource:
-      '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
-      name: kind-echo
-      metadata:
-        filter_metadata:
-          io.cilium.l4lb:
-            frontends:
-            - {vip: "$VIP", port: $PORT, protocol: TCP}
-            - {vip: "$VIP", port: $PORT, protocol: UDP}
-      type: EDS
-    ---
-    resource:
-      '@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment
-      cluster_name: kind-echo
-      endpoints:
-      - lb_endpoints:
-$endpoints
-EOF
-cat "$work/values.yaml"
-# --wait: the agent is Ready once connected and synced (l4xds-dbg status).
-helm --kube-context "kind-$CLUSTER" install "$RELEASE" install/kubernetes/l4xds -n "$NS" \
-	-f "$work/values.yaml" --wait --timeout 5m
-
-dbg() { k -n "$NS" exec "ds/$RELEASE" -- l4xds-dbg "$@"; }
-# all_done: both frontends are in the table and written to the datapath.
-all_done() { dbg statedb frontends | awk 'NR > 1 { rows++; if ($NF != "Done") bad++ } END { exit !(rows == 2 && !bad) }'; }
-until_ok all_done
-say "l4xds-dbg status"
-dbg status
-say "l4xds-dbg statedb frontends"
-dbg statedb frontends
-
-failed=0
-for proto in tcp udp; do
-	say "$FLOWS new $proto flows from the client pod to $VIP:$PORT"
-	# probe exits 1 when a flow failed: the report says which, below.
-	k -n "$NS" exec client -- l4xds-traffic probe --to "$VIP:$PORT" --proto "$proto" --flows "$FLOWS" -o json >"$work/$proto.json" || true
-	jq -c '{answered, backends, errors}' "$work/$proto.json"
-	answered=$(jq .answered "$work/$proto.json")
-	if [ "$answered" != "$FLOWS" ]; then
-		echo "FAIL $proto: $answered of $FLOWS flows answered: $(jq -c .errors "$work/$proto.json")" >&2
-		failed=1
-	fi
-	total=0
-	for w in "${WEIGHTS[@]}"; do total=$((total + w)); done
-	for i in "${!BACKENDS[@]}"; do
-		got=$(jq --arg b "${BACKENDS[$i]}" '.backends[$b] // 0' "$work/$proto.json")
-		if ! awk -v got="$got" -v flows="$FLOWS" -v w="${WEIGHTS[$i]}" -v total="$total" -v tol="$TOLERANCE" \
-			'BEGIN { d = got * 100 / flows - w * 100 / total; if (d < 0) d = -d; exit !(d <= tol) }'; then
-			echo "FAIL $proto: ${BACKENDS[$i]} answered $got of $FLOWS flows, weight ${WEIGHTS[$i]} of $total (tolerance $TOLERANCE points)" >&2
-			failed=1
-		fi
-	done
-done
-
-if [ "$failed" != 0 ]; then
-	exit 1
-fi
-say "PASS: every TCP and UDP flow to $VIP:$PORT was answered, split by the weights within $TOLERANCE points"
+say "go test"
+(cd "$here" && L4XDS_KIND_CLUSTER=$CLUSTER L4XDS_KIND_IMAGE=$IMAGE L4XDS_KIND_CLIENT=$CLIENT L4XDS_BIN=$repo/bin \
+	go test -count=1 -v -timeout 40m ./...)
+say "passed"

@@ -21,8 +21,9 @@ import (
 
 // The capabilities the agent may have, and the ones it cannot work without
 // (see the comment in templates/daemonset.yaml).
+// SYS_ADMIN only with legacyCapabilities, which TestLegacyCapabilities checks.
 var (
-	allowedCaps  = []corev1.Capability{"NET_ADMIN", "BPF", "PERFMON"}
+	allowedCaps  = []corev1.Capability{"NET_ADMIN", "BPF", "PERFMON", "SYS_ADMIN"}
 	requiredCaps = []corev1.Capability{"NET_ADMIN", "BPF"}
 )
 
@@ -54,6 +55,10 @@ func TestDefaultValues(t *testing.T) {
 		"bpf-root":                 "/sys/fs/bpf",
 		"lb-maglev-table-size":     "1021",
 		"api-socket":               "/var/run/l4xds/agent.sock",
+		// The uplink and the CNI bridge, detected by the agent: with eth0
+		// alone, pod backends' replies came up cni0 unseen and were
+		// masqueraded instead of reverse-NATed.
+		"devices": "auto",
 	}
 	if !maps.Equal(cm.Data, want) {
 		t.Errorf("ConfigMap data\n got %v\nwant %v", cm.Data, want)
@@ -70,6 +75,55 @@ func TestDefaultValues(t *testing.T) {
 	}
 	if !strings.Contains(r.Notes, "xDS client is disabled") {
 		t.Errorf("NOTES.txt does not say the xDS client is disabled:\n%s", r.Notes)
+	}
+}
+
+// helm install --wait counts the DaemonSet ready once NumberReady >=
+// DesiredNumberScheduled - maxUnavailable (scaled, rounded up): the default
+// must leave at least one agent to wait for on every cluster of two or more
+// nodes. maxUnavailable 2 let it return with no agent Ready on two nodes.
+func TestUpdateStrategyLetsHelmWait(t *testing.T) {
+	r, err := render(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := only[*appsv1.DaemonSet](t, r)
+	ru := ds.Spec.UpdateStrategy.RollingUpdate
+	if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || ru == nil || ru.MaxUnavailable == nil {
+		t.Fatalf("updateStrategy %+v", ds.Spec.UpdateStrategy)
+	}
+	for nodes := 2; nodes <= 100; nodes++ {
+		unavailable, err := intstr.GetScaledValueFromIntOrPercent(ru.MaxUnavailable, nodes, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if unavailable != 1 {
+			t.Fatalf("maxUnavailable %s is %d of %d nodes: helm --wait would wait for %d Ready agents only", ru.MaxUnavailable.String(), unavailable, nodes, nodes-unavailable)
+		}
+	}
+}
+
+// legacyCapabilities adds SYS_ADMIN, which stands in for BPF and PERFMON on
+// runtimes that cannot grant them (a kind node on Docker 20.10 gave the
+// agent NET_ADMIN alone); without it the agent has no SYS_ADMIN.
+func TestLegacyCapabilities(t *testing.T) {
+	for _, tc := range []struct {
+		vals map[string]any
+		want []corev1.Capability
+	}{
+		{nil, []corev1.Capability{"NET_ADMIN", "BPF", "PERFMON"}},
+		{map[string]any{"legacyCapabilities": true}, []corev1.Capability{"NET_ADMIN", "BPF", "PERFMON", "SYS_ADMIN"}},
+		{map[string]any{"legacyCapabilities": true, "capabilities": []any{"NET_ADMIN", "SYS_ADMIN"}}, []corev1.Capability{"NET_ADMIN", "SYS_ADMIN"}},
+	} {
+		r, err := render(t, tc.vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkAgent(t, r)
+		sc := only[*appsv1.DaemonSet](t, r).Spec.Template.Spec.Containers[0].SecurityContext
+		if !slices.Equal(sc.Capabilities.Add, tc.want) {
+			t.Errorf("values %v: capabilities %v, want %v", tc.vals, sc.Capabilities.Add, tc.want)
+		}
 	}
 }
 
@@ -221,7 +275,8 @@ func checkAgent(t *testing.T, r *rendered) *corev1.ConfigMap {
 			}
 		}
 		for _, c := range requiredCaps {
-			if !slices.Contains(sc.Capabilities.Add, c) {
+			// SYS_ADMIN covers BPF, as the agent's own check accepts.
+			if !slices.Contains(sc.Capabilities.Add, c) && (c != "BPF" || !slices.Contains(sc.Capabilities.Add, "SYS_ADMIN")) {
 				t.Errorf("capability %s is missing: the datapath cannot load without it", c)
 			}
 		}

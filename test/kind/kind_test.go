@@ -1,0 +1,904 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package kind tests l4xds on a real two-node Kubernetes cluster made by
+// run.sh (`make test-kind`): the chart installed with the commands of
+// Documentation/kubernetes.md, backends in pods, traffic from a client
+// outside the nodes, and faults under traffic. It drives kubectl, helm and
+// docker, so this module needs nothing but the standard library.
+package kind
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+const (
+	// Where Documentation/kubernetes.md installs the chart.
+	ns     = "kube-system"
+	testNS = "l4xds-test"
+	// The docs' trial service (2 backends), and a UDP one weighted 70/30,
+	// both served by the same two backend pods.
+	tcpVIP = "10.1.2.3:3306"
+	udpVIP = "10.1.2.7:7777"
+	// New flows per check, and how far a backend's share of them may be
+	// from its share of the weights, in percentage points.
+	flows     = 1000
+	tolerance = 5.0
+)
+
+// cluster is what run.sh made: the kind cluster and the client container.
+type cluster struct {
+	name   string // kind cluster name; node containers are <name>-control-plane, <name>-worker
+	image  string // our image, loaded into the nodes
+	bin    string // host binaries (l4xds-control-plane for the certs, l4xds-traffic for the client)
+	repo   string
+	client string // container on kind's network, outside the nodes
+	work   string
+	nodes  []node
+}
+
+type node struct{ name, ip, mac, podCIDR string }
+
+type backend struct{ name, ip, node string }
+
+func setup(t *testing.T) *cluster {
+	name := os.Getenv("L4XDS_KIND_CLUSTER")
+	if name == "" {
+		t.Skip("the kind tier needs a cluster: run `make test-kind` (root with a Docker engine), which creates one and runs this test")
+	}
+	c := &cluster{
+		name:   name,
+		image:  os.Getenv("L4XDS_KIND_IMAGE"),
+		bin:    os.Getenv("L4XDS_BIN"),
+		client: os.Getenv("L4XDS_KIND_CLIENT"),
+		work:   t.TempDir(),
+	}
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.repo = repo
+	if c.image == "" || c.bin == "" || c.client == "" {
+		t.Fatal("run.sh sets L4XDS_KIND_IMAGE, L4XDS_BIN and L4XDS_KIND_CLIENT with L4XDS_KIND_CLUSTER")
+	}
+	var nodes struct {
+		Items []struct {
+			Metadata struct{ Name string }
+			Spec     struct{ PodCIDR string }
+			Status   struct {
+				Addresses []struct{ Type, Address string }
+			}
+		}
+	}
+	c.kubectlJSON(t, &nodes, "get", "nodes", "-o", "json")
+	for _, n := range nodes.Items {
+		nd := node{name: n.Metadata.Name, podCIDR: n.Spec.PodCIDR}
+		for _, a := range n.Status.Addresses {
+			if a.Type == "InternalIP" {
+				nd.ip = a.Address
+			}
+		}
+		nd.mac = strings.TrimSpace(c.must(t, "docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.MacAddress}}{{end}}", nd.name))
+		c.nodes = append(c.nodes, nd)
+	}
+	if len(c.nodes) != 2 {
+		t.Fatalf("want 2 nodes, have %+v", c.nodes)
+	}
+	return c
+}
+
+// run runs a command and returns its combined output.
+func (c *cluster) run(name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+func (c *cluster) must(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := c.run(name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func (c *cluster) kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	return c.must(t, "kubectl", args...)
+}
+
+func (c *cluster) kubectlJSON(t *testing.T, v any, args ...string) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(c.kubectl(t, args...)), v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *cluster) apply(t *testing.T, manifest string) {
+	t.Helper()
+	cmd := exec.Command("kubectl", "apply", "-f", "-")
+	cmd.Stdin = strings.NewReader(manifest)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+}
+
+// sh runs a shell snippet of the docs in dir, with the built binaries first
+// on PATH (l4xds-control-plane) and the chart reachable as
+// install/kubernetes/l4xds.
+func (c *cluster) sh(t *testing.T, dir, script string) string {
+	t.Helper()
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PATH="+c.bin+":"+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	t.Logf("$ %s\n%s", script, out)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return string(out)
+}
+
+// docBlocks returns the fenced code blocks of Documentation/kubernetes.md.
+func (c *cluster) docBlocks(t *testing.T) []string {
+	b, err := os.ReadFile(filepath.Join(c.repo, "Documentation/kubernetes.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []string
+	for _, m := range regexp.MustCompile("(?s)```[a-z]*\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		blocks = append(blocks, m[1])
+	}
+	return blocks
+}
+
+// docBlock returns the one code block of the docs that contains marker.
+func (c *cluster) docBlock(t *testing.T, marker string) string {
+	t.Helper()
+	var found []string
+	for _, b := range c.docBlocks(t) {
+		if strings.Contains(b, marker) {
+			found = append(found, b)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("Documentation/kubernetes.md: %d code blocks contain %q, want 1", len(found), marker)
+	}
+	return found[0]
+}
+
+// backends returns the backend pods that are running and not terminating,
+// sorted by name.
+func (c *cluster) backends(t *testing.T) []backend {
+	t.Helper()
+	var pods struct {
+		Items []struct {
+			Metadata struct {
+				Name              string
+				DeletionTimestamp *string
+			}
+			Spec   struct{ NodeName string }
+			Status struct{ PodIP, Phase string }
+		}
+	}
+	c.kubectlJSON(t, &pods, "-n", testNS, "get", "pods", "-l", "app=backend", "-o", "json")
+	var out []backend
+	for _, p := range pods.Items {
+		if p.Metadata.DeletionTimestamp == nil && p.Status.Phase == "Running" && p.Status.PodIP != "" {
+			out = append(out, backend{p.Metadata.Name, p.Status.PodIP, p.Spec.NodeName})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// agents returns the agent pods by node.
+func (c *cluster) agents(t *testing.T) map[string]agentPod {
+	t.Helper()
+	var pods struct {
+		Items []struct {
+			Metadata struct {
+				Name, UID         string
+				DeletionTimestamp *string
+			}
+			Spec   struct{ NodeName string }
+			Status struct {
+				Conditions []struct{ Type, Status string }
+			}
+		}
+	}
+	c.kubectlJSON(t, &pods, "-n", ns, "get", "pods", "-l", "app.kubernetes.io/component=agent", "-o", "json")
+	out := map[string]agentPod{}
+	for _, p := range pods.Items {
+		if p.Metadata.DeletionTimestamp != nil {
+			continue
+		}
+		a := agentPod{name: p.Metadata.Name, uid: p.Metadata.UID}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == "Ready" && cond.Status == "True" {
+				a.ready = true
+			}
+		}
+		out[p.Spec.NodeName] = a
+	}
+	return out
+}
+
+type agentPod struct {
+	name, uid string
+	ready     bool
+}
+
+// waitAgentsReady waits until every node has a Ready agent and returns them.
+func (c *cluster) waitAgentsReady(t *testing.T, timeout time.Duration) map[string]agentPod {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		agents := c.agents(t)
+		ready := 0
+		for _, a := range agents {
+			if a.ready {
+				ready++
+			}
+		}
+		if ready == len(c.nodes) {
+			return agents
+		}
+		if time.Now().After(deadline) {
+			out, _ := c.run("kubectl", "-n", ns, "get", "pods", "-o", "wide")
+			t.Fatalf("agents not Ready on every node after %v: %+v\n%s", timeout, agents, out)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// resources renders the xDS resources: the docs' trial file with the
+// backend pods' addresses in place of its example addresses, and the UDP
+// service weighted 70/30 appended.
+func resources(doc string, b []backend) string {
+	doc = strings.ReplaceAll(doc, "192.168.1.10", b[0].ip)
+	doc = strings.ReplaceAll(doc, "192.168.1.11", b[1].ip)
+	return doc + fmt.Sprintf(`    ---
+    resource:
+      '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
+      name: udp-game
+      metadata:
+        filter_metadata:
+          io.cilium.l4lb: {vip: "10.1.2.7", port: 7777, protocol: UDP}
+      type: EDS
+      eds_cluster_config: {service_name: udp-game}
+    ---
+    resource:
+      '@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment
+      cluster_name: udp-game
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: %s, port_value: 7777}}}
+          load_balancing_weight: 70
+        - endpoint: {address: {socket_address: {address: %s, port_value: 7777}}}
+          load_balancing_weight: 30
+`, b[0].ip, b[1].ip)
+}
+
+// probeResult is `l4xds-traffic probe -o json`.
+type probeResult struct {
+	Flows    int            `json:"flows"`
+	Answered int            `json:"answered"`
+	Backends map[string]int `json:"backends"`
+	Errors   map[string]int `json:"errors"`
+}
+
+func (p probeResult) failed() int { return p.Flows - p.Answered }
+
+// route sends the client's traffic to the VIPs through node n.
+func (c *cluster) route(t *testing.T, n node) {
+	t.Helper()
+	for _, vip := range []string{tcpVIP, udpVIP} {
+		ip, _, _ := strings.Cut(vip, ":")
+		c.must(t, "docker", "exec", c.client, "ip", "route", "replace", ip+"/32", "via", n.ip)
+	}
+}
+
+// probe opens n new flows from the client to vip (through the node the
+// routes point at).
+func (c *cluster) probe(vip, proto string, n int) (probeResult, error) {
+	var r probeResult
+	out, err := exec.Command("docker", "exec", c.client, "l4xds-traffic", "probe", "--to", vip, "--proto", proto,
+		"--flows", fmt.Sprint(n), "--timeout", "2s", "-o", "json").Output()
+	// Exit status 1: some flows failed, and the report says which.
+	if ee, ok := err.(*exec.ExitError); err != nil && (!ok || ee.ExitCode() != 1) {
+		return r, fmt.Errorf("probe %s/%s: %w %s", vip, proto, err, out)
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		return r, fmt.Errorf("probe %s/%s: %w: %s", vip, proto, err, out)
+	}
+	return r, nil
+}
+
+// checkSplit asserts that every flow was answered and that each backend's
+// share is within tolerance of want (backend name → percent).
+func checkSplit(t *testing.T, what string, r probeResult, want map[string]float64) {
+	t.Helper()
+	var shares []string
+	for name, pct := range want {
+		got := 100 * float64(r.Backends[name]) / float64(r.Flows)
+		shares = append(shares, fmt.Sprintf("%s %d (%.1f%%, want %.0f%%)", name, r.Backends[name], got, pct))
+		if got < pct-tolerance || got > pct+tolerance {
+			t.Errorf("%s: backend %s got %.1f%% of the flows, want %.0f±%.0f", what, name, got, pct, tolerance)
+		}
+	}
+	sort.Strings(shares)
+	t.Logf("%s: %d/%d answered, %s, errors %v", what, r.Answered, r.Flows, strings.Join(shares, ", "), r.Errors)
+	if r.failed() != 0 {
+		t.Errorf("%s: %d of %d flows failed: %v", what, r.failed(), r.Flows, r.Errors)
+	}
+	for name := range r.Backends {
+		if _, ok := want[name]; !ok {
+			t.Errorf("%s: flows answered by %s, not a current backend", what, name)
+		}
+	}
+}
+
+// traffic probes both VIPs through alternating nodes (via) until stopped, and
+// counts the flows and the failures: the load during a fault.
+type traffic struct {
+	stop  chan struct{}
+	done  chan struct{}
+	mu    sync.Mutex
+	flows int
+	fails map[string]int
+	errs  []error
+	names map[string]int
+}
+
+func (c *cluster) startTraffic(t *testing.T, via ...node) *traffic {
+	if len(via) == 0 {
+		via = c.nodes
+	}
+	tr := &traffic{stop: make(chan struct{}), done: make(chan struct{}), fails: map[string]int{}, names: map[string]int{}}
+	go func() {
+		defer close(tr.done)
+		for i := 0; ; i++ {
+			select {
+			case <-tr.stop:
+				return
+			default:
+			}
+			// Routes are the client's: switching them between batches sends
+			// alternate batches through each node.
+			n := via[i%len(via)]
+			for _, vip := range []string{tcpVIP, udpVIP} {
+				ip, _, _ := strings.Cut(vip, ":")
+				if _, err := c.run("docker", "exec", c.client, "ip", "route", "replace", ip+"/32", "via", n.ip); err != nil {
+					tr.add(nil, err)
+				}
+			}
+			for _, p := range []struct{ vip, proto string }{{tcpVIP, "tcp"}, {udpVIP, "udp"}} {
+				r, err := c.probe(p.vip, p.proto, 100)
+				tr.add(&r, err)
+				if err == nil && r.failed() > 0 {
+					tr.mu.Lock()
+					tr.fails[fmt.Sprintf("%s via %s", p.proto, n.name)] += r.failed()
+					tr.mu.Unlock()
+				}
+			}
+		}
+	}()
+	return tr
+}
+
+func (tr *traffic) add(r *probeResult, err error) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if err != nil {
+		tr.errs = append(tr.errs, err)
+		return
+	}
+	if r != nil {
+		tr.flows += r.Flows
+		for n, k := range r.Backends {
+			tr.names[n] += k
+		}
+	}
+}
+
+// end stops the traffic and returns the flows, the failures and the
+// backends that answered.
+func (tr *traffic) end() (flows, failed int, fails, names map[string]int, errs []error) {
+	close(tr.stop)
+	<-tr.done
+	for _, k := range tr.fails {
+		failed += k
+	}
+	return tr.flows, failed, tr.fails, tr.names, tr.errs
+}
+
+// expectNoFailures ends tr and asserts that every flow was answered.
+func expectNoFailures(t *testing.T, what string, tr *traffic) {
+	t.Helper()
+	flows, failed, fails, names, errs := tr.end()
+	t.Logf("%s: %d flows, %d failed %v, answered by %v", what, flows, failed, fails, names)
+	if len(errs) > 0 {
+		t.Errorf("%s: the traffic could not run: %v", what, errs)
+	}
+	if flows == 0 {
+		t.Errorf("%s: no flows ran", what)
+	}
+	if failed != 0 {
+		t.Errorf("%s: %d of %d flows failed: %v", what, failed, flows, fails)
+	}
+}
+
+// checkTraffic asserts the splits of both services through each node.
+func (c *cluster) checkTraffic(t *testing.T, what string, b []backend) {
+	t.Helper()
+	for _, n := range c.nodes {
+		c.route(t, n)
+		r, err := c.probe(tcpVIP, "tcp", flows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkSplit(t, fmt.Sprintf("%s: TCP %s via %s", what, tcpVIP, n.name), r, map[string]float64{b[0].name: 50, b[1].name: 50})
+		r, err = c.probe(udpVIP, "udp", flows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkSplit(t, fmt.Sprintf("%s: UDP %s via %s", what, udpVIP, n.name), r, map[string]float64{b[0].name: 70, b[1].name: 30})
+	}
+}
+
+// returnPath makes each node send the replies of its pods to a client
+// outside the cluster back through the node that forwarded the request (see
+// Documentation/kubernetes.md, The return path): the connection is marked
+// with the MAC address of the node it came from, and the mark routes the
+// replies to that node, whose datapath reverse-NATs them.
+func (c *cluster) returnPath(t *testing.T) {
+	for _, n := range c.nodes {
+		for i, m := range c.nodes {
+			if m.name == n.name {
+				continue
+			}
+			mark, table := fmt.Sprint(0x4c00+i), fmt.Sprint(100+i)
+			c.iptablesOnce(t, n, "-i", "eth0", "-d", n.podCIDR, "-m", "mac", "--mac-source", m.mac, "-j", "CONNMARK", "--set-mark", mark)
+			c.run("docker", "exec", n.name, "ip", "rule", "del", "fwmark", mark, "lookup", table)
+			c.must(t, "docker", "exec", n.name, "ip", "rule", "add", "fwmark", mark, "lookup", table)
+			c.must(t, "docker", "exec", n.name, "ip", "route", "replace", "default", "via", m.ip, "dev", "eth0", "table", table)
+		}
+		c.iptablesOnce(t, n, "-i", "cni0", "-j", "CONNMARK", "--restore-mark")
+	}
+}
+
+// iptablesOnce appends a rule to the mangle table's PREROUTING of node n
+// unless it is there.
+func (c *cluster) iptablesOnce(t *testing.T, n node, rule ...string) {
+	t.Helper()
+	args := append([]string{"exec", n.name, "iptables", "-t", "mangle", "-C", "PREROUTING"}, rule...)
+	if _, err := c.run("docker", args...); err == nil {
+		return
+	}
+	args[5] = "-A"
+	c.must(t, "docker", args...)
+}
+
+// reset removes what a previous run on a kept cluster (KEEP=1) left; a
+// new cluster has none of it.
+func (c *cluster) reset(t *testing.T) {
+	c.run("helm", "uninstall", "l4xds", "-n", ns, "--wait")
+	c.run("kubectl", "-n", ns, "delete", "secret", "l4xds-agent-tls", "l4xds-control-plane-tls", "--ignore-not-found")
+	c.run("kubectl", "delete", "namespace", testNS, "--ignore-not-found", "--wait")
+	for _, n := range c.nodes {
+		c.run("docker", "exec", n.name, "rm", "-rf", "/sys/fs/bpf/l4xds")
+	}
+}
+
+func (c *cluster) dumpOnFailure(t *testing.T) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, args := range [][]string{
+			{"get", "pods", "-A", "-o", "wide"},
+			{"-n", ns, "logs", "-l", "app.kubernetes.io/component=agent", "--tail", "30", "--prefix"},
+			{"-n", ns, "logs", "-l", "app.kubernetes.io/component=control-plane", "--tail", "30", "--prefix"},
+			{"-n", ns, "get", "events", "--sort-by", ".lastTimestamp"},
+		} {
+			out, _ := c.run("kubectl", args...)
+			t.Logf("kubectl %s\n%s", strings.Join(args, " "), out)
+		}
+	})
+}
+
+// nodeLacksBPF reports whether the nodes' runtime cannot grant CAP_BPF (bit
+// 39): the bounding set of the node's init process lacks it.
+func (c *cluster) nodeLacksBPF(t *testing.T) bool {
+	out := c.must(t, "docker", "exec", c.nodes[0].name, "grep", "CapBnd", "/proc/1/status")
+	var set uint64
+	if _, err := fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(out, "CapBnd:")), "%x", &set); err != nil {
+		t.Fatalf("CapBnd %q: %v", out, err)
+	}
+	return set&(1<<39) == 0
+}
+
+func TestKind(t *testing.T) {
+	c := setup(t)
+	c.dumpOnFailure(t)
+	start := time.Now()
+	c.reset(t)
+
+	// The backend pods, one per node, serving TCP 3306 and UDP 7777 and
+	// answering with their pod name.
+	c.apply(t, fmt.Sprintf(backendsYAML, testNS, c.image))
+	c.kubectl(t, "-n", testNS, "rollout", "status", "deploy/backend", "--timeout", "3m")
+	b := c.backends(t)
+	if len(b) != 2 || b[0].node == b[1].node {
+		t.Fatalf("want a backend pod on each node, have %+v", b)
+	}
+	t.Logf("backends: %+v", b)
+	c.returnPath(t)
+
+	legacy := c.nodeLacksBPF(t)
+	if legacy {
+		t.Run("missing capabilities are named", func(t *testing.T) { c.missingCapabilities(t) })
+	}
+
+	// The docs' commands, verbatim: the certificates and Secrets, the
+	// trial values with the backend pods' addresses, helm install.
+	docs := filepath.Join(c.work, "docs")
+	if err := os.MkdirAll(docs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(c.repo, "install"), filepath.Join(docs, "install")); err != nil {
+		t.Fatal(err)
+	}
+	c.sh(t, docs, c.docBlock(t, "l4xds-control-plane certs --out certs"))
+	trial := c.docBlock(t, "# trial.yaml")
+	if err := os.WriteFile(filepath.Join(docs, "trial.yaml"), []byte(resources(trial, b)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	install := strings.TrimSpace(c.docBlock(t, "-f trial.yaml"))
+	if legacy {
+		// As the docs' Security section says for such runtimes.
+		install += " --set legacyCapabilities=true"
+	}
+	installStart := time.Now()
+	c.sh(t, docs, install)
+	t.Logf("helm install returned after %v", time.Since(installStart).Round(time.Second))
+
+	t.Run("install waits for agents", func(t *testing.T) {
+		// --wait returns once all agents but maxUnavailable (1) are Ready:
+		// with 2 nodes at least one, never none.
+		ready := 0
+		for _, a := range c.agents(t) {
+			if a.ready {
+				ready++
+			}
+		}
+		if ready < len(c.nodes)-1 || ready == 0 {
+			t.Errorf("helm install --wait returned with %d of %d agents Ready", ready, len(c.nodes))
+		}
+	})
+	agents := c.waitAgentsReady(t, 3*time.Minute)
+	t.Logf("agents Ready on both nodes %v after helm install started (%v after the test started)",
+		time.Since(installStart).Round(time.Second), time.Since(start).Round(time.Second))
+
+	t.Run("dbg status synced", func(t *testing.T) {
+		for nodeName, a := range agents {
+			out := c.kubectl(t, "-n", ns, "exec", a.name, "--", "l4xds-dbg", "status")
+			if !strings.Contains(out, "synced") || strings.Contains(out, "not synced") {
+				t.Errorf("l4xds-dbg status on %s:\n%s", nodeName, out)
+			}
+		}
+	})
+
+	if !t.Run("traffic through each node", func(t *testing.T) {
+		c.waitServing(t, b)
+		c.checkTraffic(t, "installed", b)
+	}) {
+		t.FailNow()
+	}
+
+	t.Run("control plane deleted", func(t *testing.T) {
+		tr := c.startTraffic(t)
+		c.kubectl(t, "-n", ns, "delete", "pod", "-l", "app.kubernetes.io/component=control-plane", "--wait=true")
+		c.kubectl(t, "-n", ns, "rollout", "status", "deploy/l4xds-control-plane", "--timeout", "3m")
+		// The agents reconnect to the new server and are Ready again.
+		c.waitAgentsReady(t, 3*time.Minute)
+		expectNoFailures(t, "control plane pod deleted and rescheduled", tr)
+	})
+
+	t.Run("agent deleted", func(t *testing.T) { c.agentDeleted(t) })
+
+	t.Run("helm upgrade", func(t *testing.T) {
+		before := c.agents(t)
+		tr := c.startTraffic(t)
+		// A changed value: the pod template changes (--debug), the agents
+		// roll. (Not maglevTableSize: a new table size recreates the Maglev
+		// maps, and new flows fail until the new agent has refilled them,
+		// 16 of 1,000 in one run; see Documentation/kubernetes.md.)
+		c.sh(t, docs, "helm upgrade l4xds install/kubernetes/l4xds -n kube-system --reuse-values --set debug=true --wait")
+		after := c.waitAgentsReady(t, 3*time.Minute)
+		c.kubectl(t, "-n", ns, "rollout", "status", "ds/l4xds", "--timeout", "3m")
+		after = c.waitAgentsReady(t, 3*time.Minute)
+		expectNoFailures(t, "helm upgrade rolling the agents", tr)
+		for nodeName, a := range after {
+			if a.uid == before[nodeName].uid {
+				t.Errorf("the agent on %s did not roll", nodeName)
+			}
+		}
+		c.checkTraffic(t, "after the upgrade", b)
+	})
+
+	t.Run("backend deleted", func(t *testing.T) { b = c.backendDeleted(t, docs, trial, b) })
+
+	t.Run("uninstall", func(t *testing.T) { c.uninstall(t, docs) })
+}
+
+// waitServing waits until both VIPs answer through each node: the agents
+// are Ready once synced, the first flows may still race the last writes.
+func (c *cluster) waitServing(t *testing.T, b []backend) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for _, n := range c.nodes {
+		c.route(t, n)
+		for {
+			rt, err1 := c.probe(tcpVIP, "tcp", 10)
+			ru, err2 := c.probe(udpVIP, "udp", 10)
+			if err1 == nil && err2 == nil && rt.failed() == 0 && ru.failed() == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("VIPs not answered via %s: %+v %v / %+v %v", n.name, rt, err1, ru, err2)
+			}
+			time.Sleep(time.Second)
+		}
+	}
+}
+
+// missingCapabilities runs the agent with the chart's default capabilities
+// on this runtime: it must stop naming the missing capability, not blame
+// the memlock rlimit.
+func (c *cluster) missingCapabilities(t *testing.T) {
+	c.apply(t, fmt.Sprintf(capsPodYAML, testNS, c.image))
+	defer c.run("kubectl", "-n", testNS, "delete", "pod", "caps", "--wait=false")
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		phase := c.kubectl(t, "-n", testNS, "get", "pod", "caps", "-o", "jsonpath={.status.phase}")
+		if phase == "Failed" || phase == "Succeeded" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent without BPF did not stop (phase %s)", phase)
+		}
+		time.Sleep(time.Second)
+	}
+	logs := c.kubectl(t, "-n", testNS, "logs", "caps")
+	t.Logf("agent with NET_ADMIN, BPF, PERFMON on a runtime without CAP_BPF:\n%s", lastLines(logs, 3))
+	if !strings.Contains(logs, "missing capabilities") || !strings.Contains(logs, "CAP_BPF (or CAP_SYS_ADMIN") || strings.Contains(logs, "memlock") {
+		t.Errorf("the agent's error does not name CAP_BPF:\n%s", logs)
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// agentDeleted deletes the agent of the node a long-lived connection goes
+// through: the DaemonSet recreates it, and the connection and new flows
+// keep working meanwhile (the program, maps and links are pinned).
+func (c *cluster) agentDeleted(t *testing.T) {
+	n := c.nodes[1]
+	c.route(t, n)
+	hold := exec.Command("docker", "exec", c.client, "l4xds-traffic", "hold", "--to", tcpVIP, "--interval", "100ms")
+	stdout, err := hold.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hold.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var lines []string
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			mu.Lock()
+			lines = append(lines, sc.Text())
+			mu.Unlock()
+		}
+	}()
+	echoes := func() (ok, fail int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, l := range lines {
+			switch {
+			case strings.HasPrefix(l, "ok "):
+				ok++
+			case strings.HasPrefix(l, "fail"):
+				fail++
+			}
+		}
+		return ok, fail
+	}
+	time.Sleep(2 * time.Second)
+	// New flows through the same node only: the held connection's packets
+	// must keep going through the node whose agent is replaced.
+	tr := c.startTraffic(t, n)
+
+	old := c.agents(t)[n.name]
+	c.kubectl(t, "-n", ns, "delete", "pod", old.name, "--wait=true")
+	agents := c.waitAgentsReady(t, 3*time.Minute)
+	if agents[n.name].uid == old.uid {
+		t.Fatalf("agent on %s not replaced", n.name)
+	}
+	okBefore, _ := echoes()
+	time.Sleep(3 * time.Second)
+	okAfter, fail := echoes()
+	expectNoFailures(t, "agent pod deleted and recreated", tr)
+
+	// Stop the held connection; the docker exec ends with it.
+	if _, err := c.run("docker", "exec", c.client, "pkill", "-INT", "-f", "l4xds-traffic hold"); err != nil {
+		t.Logf("stopping hold: %v", err)
+	}
+	_ = hold.Wait()
+	<-scanned
+	mu.Lock()
+	first := ""
+	if len(lines) > 0 {
+		first = lines[0]
+	}
+	mu.Unlock()
+	t.Logf("held connection via %s (%s): %d echoes before the new agent was Ready, %d in all, %d failed", n.name, first, okBefore, okAfter, fail)
+	if !strings.HasPrefix(first, "connected ") || fail != 0 || okAfter <= okBefore {
+		t.Errorf("the established connection did not survive the agent's replacement: %s", lastLines(strings.Join(lines, "\n"), 5))
+	}
+}
+
+// backendDeleted deletes a backend pod: the Deployment replaces it with a
+// pod at a new address; once the resources name the new address, new flows
+// avoid the deleted pod and all are answered.
+func (c *cluster) backendDeleted(t *testing.T, docs, trial string, b []backend) []backend {
+	gone := b[0]
+	c.kubectl(t, "-n", testNS, "delete", "pod", gone.name, "--wait=true")
+	c.kubectl(t, "-n", testNS, "rollout", "status", "deploy/backend", "--timeout", "3m")
+	nb := c.backends(t)
+	if len(nb) != 2 || slices.ContainsFunc(nb, func(x backend) bool { return x.name == gone.name }) {
+		t.Fatalf("backends after deleting %s: %+v", gone.name, nb)
+	}
+	// The new resources through the chart, as the docs say (helm upgrade
+	// with new xdsResources); the server follows the ConfigMap's file.
+	if err := os.WriteFile(filepath.Join(docs, "trial.yaml"), []byte(resources(trial, nb)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	c.sh(t, docs, "helm upgrade l4xds install/kubernetes/l4xds -n kube-system --reuse-values -f trial.yaml")
+	deadline := time.Now().Add(3 * time.Minute)
+	for _, n := range c.nodes {
+		c.route(t, n)
+		for {
+			r, err := c.probe(tcpVIP, "tcp", 100)
+			if err == nil && r.failed() == 0 && r.Backends[gone.name] == 0 && len(r.Backends) == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("via %s, flows still fail or reach %s: %+v %v", n.name, gone.name, r, err)
+			}
+			time.Sleep(2 * time.Second)
+		}
+	}
+	t.Logf("new backend %v in service %v after the resources changed", nb, time.Since(changed).Round(time.Second))
+	c.checkTraffic(t, "after a backend was replaced", nb)
+	return nb
+}
+
+// uninstall: helm uninstall removes the objects; the pins stay and keep
+// forwarding (as the docs say) until the docs' removal on each node, after
+// which nothing is pinned and the VIP is not forwarded.
+func (c *cluster) uninstall(t *testing.T, docs string) {
+	c.sh(t, docs, c.docBlock(t, "helm uninstall l4xds -n kube-system"))
+	deadline := time.Now().Add(2 * time.Minute)
+	for len(c.agents(t)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("agent pods still there after helm uninstall")
+		}
+		time.Sleep(time.Second)
+	}
+	removal := c.docBlock(t, "rm -rf /sys/fs/bpf/l4xds")
+	for _, n := range c.nodes {
+		pins := c.must(t, "docker", "exec", n.name, "ls", "/sys/fs/bpf/l4xds/links")
+		c.route(t, n)
+		r, err := c.probe(tcpVIP, "tcp", 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("after helm uninstall, %s keeps links %q and answers %d/%d flows", n.name, strings.Fields(pins), r.Answered, r.Flows)
+		if r.failed() != 0 {
+			t.Errorf("the docs say the VIP is still forwarded after helm uninstall; via %s %d failed", n.name, r.failed())
+		}
+		c.must(t, "docker", "exec", n.name, "bash", "-euc", removal)
+		if out, err := c.run("docker", "exec", n.name, "ls", "-A", "/sys/fs/bpf"); err != nil || strings.Contains(out, "l4xds") {
+			t.Errorf("%s: /sys/fs/bpf still holds l4xds: %q %v", n.name, out, err)
+		}
+		r, err = c.probe(tcpVIP, "tcp", 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("after the removal, %s answers %d/%d flows", n.name, r.Answered, r.Flows)
+		if r.Answered != 0 {
+			t.Errorf("%s still forwards the VIP after its pins were removed: nothing may stay attached", n.name)
+		}
+	}
+	for _, s := range []string{"l4xds-agent-tls", "l4xds-control-plane-tls"} {
+		c.run("kubectl", "-n", ns, "delete", "secret", s)
+	}
+}
+
+const backendsYAML = `apiVersion: v1
+kind: Namespace
+metadata: {name: %[1]s}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: backend, namespace: %[1]s}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: backend}}
+  template:
+    metadata: {labels: {app: backend}}
+    spec:
+      # One on each node, the control plane's included.
+      tolerations: [{operator: Exists}]
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+          - labelSelector: {matchLabels: {app: backend}}
+            topologyKey: kubernetes.io/hostname
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: serve
+        image: %[2]s
+        imagePullPolicy: IfNotPresent
+        command: [l4xds-traffic, serve, --name, $(POD_NAME), --tcp, ":3306", --udp, ":7777"]
+        env:
+        - name: POD_NAME
+          valueFrom: {fieldRef: {fieldPath: metadata.name}}
+`
+
+// The agent as the chart runs it without legacyCapabilities, enough to
+// reach the datapath's load.
+const capsPodYAML = `apiVersion: v1
+kind: Pod
+metadata: {name: caps, namespace: %[1]s}
+spec:
+  restartPolicy: Never
+  hostNetwork: true
+  tolerations: [{operator: Exists}]
+  containers:
+  - name: agent
+    image: %[2]s
+    imagePullPolicy: IfNotPresent
+    command: [l4xds-agent, --datapath=bpf, --bpf-root=/sys/fs/bpf, --api-socket=/tmp/agent.sock]
+    securityContext:
+      capabilities:
+        drop: [ALL]
+        add: [NET_ADMIN, BPF, PERFMON]
+    volumeMounts: [{name: tmp, mountPath: /tmp}]
+  volumes: [{name: tmp, emptyDir: {}}]
+`
