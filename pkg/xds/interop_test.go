@@ -143,7 +143,7 @@ func startAgent(t *testing.T, addr, protocol string) *agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctrl := l4lb.NewController(w, c)
+	ctrl := l4lb.NewController(l4lb.NewTablesSink(w), c)
 	c.Watch(xds.ClusterType, true, ctrl.ClusterHandler())
 	c.Watch(xds.EndpointType, false, ctrl.EndpointHandler())
 
