@@ -129,18 +129,7 @@ func TestPrivilegedCiliumFileSource(t *testing.T) {
 	// Socket-LB: the node has no route to the VIPs, so only the agent's
 	// cgroup programs (translating connect() to a backend) get a process
 	// in its cgroup there.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, _ := env.OutputInAgentCgroup(ctx, traffic, "probe", "--to", "10.1.2.3:3306", "--proto", "tcp", "--flows", "20", "-o", "json")
-	p, err := agenttest.ParseProbe(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.Answered != p.Flows {
-		t.Errorf("socket-LB: a process in the agent's cgroup: %d of %d flows answered: %v %v", p.Answered, p.Flows, p.Errors, p.Examples)
-	} else {
-		t.Logf("socket-LB: %d of %d flows from the agent's cgroup answered: %v", p.Answered, p.Flows, p.Backends)
-	}
+	checkSocketLB(t, env, traffic, "10.1.2.3:3306")
 	// The same from outside the confined cgroup: not translated, so the
 	// agent's programs are not on the test's own cgroup; bpftool shows
 	// them on the agent's cgroup and none new on the host's root.
@@ -171,11 +160,29 @@ func TestPrivilegedCiliumFileSource(t *testing.T) {
 	env.Restart()
 	first = env.WaitAnswer(traffic, env.Client, "tcp", "10.1.2.3:3306", 3*time.Minute)
 	t.Logf("after a restart, first answer %s after the agent started", first.Round(100*time.Millisecond))
-	p, err = env.RunProbe(traffic, env.Client, "tcp", "10.1.2.3:3306", 1000)
+	p, err := env.RunProbe(traffic, env.Client, "tcp", "10.1.2.3:3306", 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkSplit(t, "after restart: tcp 10.1.2.3:3306", p, map[string]float64{"b0": 100, "b1": 50})
+}
+
+// checkSocketLB wants every one of 20 TCP flows to addr from a process in
+// the agent's cgroup answered: its socket-LB programs translate connect().
+func checkSocketLB(t *testing.T, env *agenttest.Env, traffic, addr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, _ := env.OutputInAgentCgroup(ctx, traffic, "probe", "--to", addr, "--proto", "tcp", "--flows", "20", "-o", "json")
+	p, err := agenttest.ParseProbe(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Answered != p.Flows {
+		t.Errorf("socket-LB: %d of %d flows from the agent's cgroup answered: %v %v", p.Answered, p.Flows, p.Errors, p.Examples)
+	} else {
+		t.Logf("socket-LB: %d of %d flows from the agent's cgroup answered: %v", p.Answered, p.Flows, p.Backends)
+	}
 }
 
 // checkSplit wants every flow answered and each backend's share within 5

@@ -3,7 +3,6 @@
 package agenttest_test
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -152,19 +151,7 @@ func TestPrivilegedCiliumAgentXDS(t *testing.T) {
 	env.WaitAnswer(traffic, env.Client, "udp", "10.1.2.4:7777", time.Minute)
 	split("north-south", 1000)
 
-	// Socket-LB from inside the agent's cgroup.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, _ := env.OutputInAgentCgroup(ctx, traffic, "probe", "--to", "10.1.2.3:3306", "--proto", "tcp", "--flows", "20", "-o", "json")
-	p, err := agenttest.ParseProbe(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.Answered != p.Flows {
-		t.Errorf("socket-LB: %d of %d flows from the agent's cgroup answered: %v %v", p.Answered, p.Flows, p.Errors, p.Examples)
-	} else {
-		t.Logf("socket-LB: %d of %d flows from the agent's cgroup answered: %v", p.Answered, p.Flows, p.Backends)
-	}
+	checkSocketLB(t, env, traffic, "10.1.2.3:3306")
 
 	// cilium-dbg, built from the same Cilium module.
 	for _, c := range []struct {
