@@ -3,8 +3,10 @@
 package datapath
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -91,11 +93,12 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 	if err != nil {
 		return nil, fmt.Errorf("datapath metrics: %w", err)
 	}
-	return reconciler.Register(
+	jobs := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
+	r, err := reconciler.Register(
 		reconciler.Params{
 			Log:      p.Log,
 			DB:       p.DB,
-			JobGroup: p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log)),
+			JobGroup: jobs,
 			ModuleID: p.ModuleID,
 		},
 		p.Frontends,
@@ -106,4 +109,33 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 		ops, // a round's new Maglev tables are inserted together
 		reconciler.WithMetrics(m),
 	)
+	if err != nil {
+		return nil, err
+	}
+	jobs.Add(job.OneShot("commit-new-maps", func(ctx context.Context, _ cell.Health) error {
+		if dp == nil || !dp.Staged() {
+			return nil
+		}
+		return commitWhenFilled(ctx, p, r, dp)
+	}, job.WithRetry(10, &job.ExponentialBackoff{Min: time.Second, Max: time.Minute})))
+	return r, nil
+}
+
+// commitWhenFilled switches to the staged datapath (Datapath.Commit) once
+// its new maps hold the control plane's first full state: the frontends
+// table is initialized and the reconciler has written every frontend of it
+// once. Until then, however long the control plane takes, the previous
+// program forwards with the pinned maps.
+func commitWhenFilled(ctx context.Context, p params, r reconciler.Reconciler[*lb.Frontend], dp *Datapath) error {
+	if initialized, watch := p.Frontends.Initialized(p.DB.ReadTxn()); !initialized {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-watch:
+		}
+	}
+	if _, _, err := r.WaitUntilReconciled(ctx, p.Frontends.Revision(p.DB.ReadTxn())); err != nil {
+		return nil // stopping
+	}
+	return dp.Commit(p.Log)
 }

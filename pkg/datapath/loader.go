@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"syscall"
 
@@ -36,12 +37,21 @@ type Datapath struct {
 	dir   string
 	objs  bpf.L4xdsObjects
 	links []link.Link
+
+	// staged names the maps made anew because the pinned ones are
+	// incompatible (--lb-maglev-table-size changed, a new layout). Until
+	// Commit, they are unpinned and the program is not attached: the
+	// previous program keeps forwarding with the pinned maps while the
+	// reconciler fills the new ones.
+	staged  []string
+	devices []string
 }
 
 // Load loads the datapath with the maps pinned under <cfg.BPFRoot>/l4xds,
 // reusing the maps already pinned there, and attaches the program to
 // cfg.Devices, replacing the program of links already pinned (no gap).
-// Links of devices no longer in cfg.Devices are detached.
+// Links of devices no longer in cfg.Devices are detached. When a pinned
+// map is incompatible, the program is not attached yet: see Staged.
 func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	// Name missing capabilities before the memlock probe blames the rlimit.
 	eff, err := effectiveCapabilities()
@@ -76,11 +86,13 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	}
 	inner := spec.Maps[bpf.L4xdsMapL4xdsMaglev].InnerMap
 	inner.MaxEntries = size
-	if err := unpinIncompatible(log, spec, dir); err != nil {
+	d := &Datapath{dir: dir}
+	if d.staged, err = incompatiblePins(log, spec, dir); err != nil {
 		return nil, err
 	}
-
-	d := &Datapath{dir: dir}
+	for _, name := range d.staged {
+		spec.Maps[name].Pinning = ebpf.PinNone
+	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
 	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
 		return nil, fmt.Errorf("load the datapath: %w", err)
@@ -100,10 +112,47 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	if slices.Contains(cfg.Devices, AutoDevices) {
 		log.Info("Devices detected", "devices", devices)
 	}
+	d.devices = devices
+	if len(d.staged) > 0 {
+		log.Info("The attached program keeps forwarding with the pinned maps until the new maps are filled", "new", d.staged)
+		return d, nil
+	}
 	if err := d.attach(log, devices); err != nil {
 		return nil, err
 	}
 	return d, nil
+}
+
+// Staged reports whether Commit must follow: maps were made anew, and the
+// program that uses them is not attached yet.
+func (d *Datapath) Staged() bool { return len(d.staged) > 0 }
+
+// Commit attaches the program, whose new maps the reconciler has filled,
+// in place of the previous one (an atomic replacement on each pinned link),
+// then pins the new maps in place of the incompatible ones, which go with
+// the previous program. An agent that dies before the pins are replaced
+// finds the old ones incompatible again and stages anew.
+func (d *Datapath) Commit(log *slog.Logger) error {
+	if err := d.attach(log, d.devices); err != nil {
+		return err
+	}
+	for len(d.staged) > 0 {
+		name := d.staged[0]
+		m, err := mapByName(&d.objs.L4xdsMaps, name)
+		if err != nil {
+			return err
+		}
+		path := filepath.Join(d.dir, name)
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("unpin the incompatible map %s: %w", path, err)
+		}
+		if err := m.Pin(path); err != nil {
+			return fmt.Errorf("pin the new map %s: %w", path, err)
+		}
+		log.Info("New map pinned in place of the incompatible one", "map", name)
+		d.staged = d.staged[1:]
+	}
+	return nil
 }
 
 // Close closes the handles; the pins, and with them the links and maps,
@@ -138,11 +187,22 @@ func ensureBPFFS(log *slog.Logger, root string) error {
 	return nil
 }
 
-// unpinIncompatible removes the pins of maps whose layout differs from
-// spec (a new agent version, or --lb-maglev-table-size changed), so that
-// the load creates them anew. Their entries are lost: the reconciler
-// writes them again.
-func unpinIncompatible(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) error {
+// mapByName is the field of objs that bpf2go tagged with name.
+func mapByName(objs *bpf.L4xdsMaps, name string) (*ebpf.Map, error) {
+	v := reflect.ValueOf(objs).Elem()
+	for i := range v.NumField() {
+		if v.Type().Field(i).Tag.Get("ebpf") == name {
+			return v.Field(i).Interface().(*ebpf.Map), nil
+		}
+	}
+	return nil, fmt.Errorf("no map %s in the datapath objects", name)
+}
+
+// incompatiblePins names the pinned maps whose layout differs from spec (a
+// new agent version, or --lb-maglev-table-size changed): the load makes
+// them anew, and the reconciler writes their entries again.
+func incompatiblePins(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) ([]string, error) {
+	var names []string
 	for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
 		ms := spec.Maps[name]
 		if ms.Pinning != ebpf.PinByName {
@@ -154,7 +214,7 @@ func unpinIncompatible(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) 
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("open pinned map %s: %w", path, err)
+			return nil, fmt.Errorf("open pinned map %s: %w", path, err)
 		}
 		why := ms.Compatible(m)
 		if why == nil && ms.InnerMap != nil {
@@ -165,14 +225,12 @@ func unpinIncompatible(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) 
 			continue
 		}
 		if !errors.Is(why, ebpf.ErrMapIncompatible) {
-			return fmt.Errorf("pinned map %s: %w", path, why)
+			return nil, fmt.Errorf("pinned map %s: %w", path, why)
 		}
 		log.Warn("Pinned map is incompatible with this agent's; recreating it", "map", name, "reason", why)
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("unpin map %s: %w", path, err)
-		}
+		names = append(names, name)
 	}
-	return nil
+	return names, nil
 }
 
 // innerCompatible reports whether outer takes inner maps of spec: the

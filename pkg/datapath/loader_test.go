@@ -187,6 +187,27 @@ func TestPrivilegedIncompatibleMaglevSizeRecreatesTheMap(t *testing.T) {
 	if _, ok, err := dp.Maps.MaglevTable(7); ok || err != nil {
 		t.Errorf("the old table survived the size change (%v)", err)
 	}
+	// Until Commit, the pin is the old map: the attached program forwards
+	// with it while the reconciler fills the new one.
+	pinnedSlots := func() int {
+		t.Helper()
+		pinned, err := OpenPinnedMaps(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pinned.Close()
+		table, _, err := pinned.MaglevTable(7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(table)
+	}
+	if !dp.Staged() {
+		t.Fatal("a datapath with a new Maglev map is not staged")
+	}
+	if n := pinnedSlots(); n != 1021 {
+		t.Errorf("before Commit the pinned table has %d slots, want the old 1021", n)
+	}
 	if err := dp.Maps.newMaglev(7, BuildMaglev(backendsWithWeights(1, 1), 2039)); err != nil {
 		t.Fatalf("a table of the new size: %v", err)
 	}
@@ -195,6 +216,12 @@ func TestPrivilegedIncompatibleMaglevSizeRecreatesTheMap(t *testing.T) {
 	}
 	if table, _, err := dp.Maps.MaglevTable(7); err != nil || len(table) != 2039 {
 		t.Errorf("table of %d slots (%v), want 2039", len(table), err)
+	}
+	if err := dp.Commit(log); err != nil {
+		t.Fatal(err)
+	}
+	if n := pinnedSlots(); n != 2039 || dp.Staged() {
+		t.Errorf("after Commit the pinned table has %d slots (staged %v), want the new 2039", n, dp.Staged())
 	}
 	var got bpf.L4xdsLbBackend
 	if err := dp.Maps.backends.Lookup(uint32(1), &got); err != nil || got != kept {
@@ -255,6 +282,9 @@ func TestPrivilegedPinnedMaglevOfUnmappableTablesIsRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := dp.Maps.insertMaglevs(); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Commit(log); err != nil {
 		t.Fatal(err)
 	}
 	pinned, err := OpenPinnedMaps(root)

@@ -160,6 +160,8 @@ type lbEnv struct {
 	resources string
 	socket    string
 	cp, agent *nsProc
+	// agentArgs are added to the agent's command line at its next start.
+	agentArgs []string
 }
 
 func newLBEnv(t *testing.T, backends int) *lbEnv {
@@ -200,15 +202,15 @@ func (e *lbEnv) startControlPlane(t *testing.T) {
 
 func (e *lbEnv) startAgent(t *testing.T) {
 	t.Helper()
-	e.agent = startIn(t, e.top, e.topo.LB, filepath.Join(e.bin, "l4xds-agent"),
-		"--enable-xds-control-plane", "--xds-server-address", controlPlaneAddr,
+	args := []string{"--enable-xds-control-plane", "--xds-server-address", controlPlaneAddr,
 		"--xds-server-name", "localhost", "--xds-node-id", "e2e-lb",
 		"--xds-client-cert-path", e.path("certs/client.crt"),
 		"--xds-client-key-path", e.path("certs/client.key"),
 		"--xds-ca-cert-path", e.path("certs/ca.crt"),
 		"--api-socket", e.socket,
-		"--datapath", "bpf", "--devices", netns.ClientDevice+","+netns.BridgeDevice,
-		"--bpf-root", e.bpfRoot)
+		"--datapath", "bpf", "--devices", netns.ClientDevice + "," + netns.BridgeDevice,
+		"--bpf-root", e.bpfRoot}
+	e.agent = startIn(t, e.top, e.topo.LB, filepath.Join(e.bin, "l4xds-agent"), append(args, e.agentArgs...)...)
 }
 
 // apply replaces the served resources; the control plane picks the file up

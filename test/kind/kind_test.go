@@ -626,11 +626,11 @@ func TestKind(t *testing.T) {
 	t.Run("helm upgrade", func(t *testing.T) {
 		before := c.agents(t)
 		tr := c.startTraffic(t)
-		// A changed value: the pod template changes (--debug), the agents
-		// roll. (Not maglevTableSize: a new table size recreates the Maglev
-		// maps, and new flows fail until the new agent has refilled them,
-		// 16 of 1,000 in one run; see Documentation/kubernetes.md.)
-		c.sh(t, docs, "helm upgrade l4xds install/kubernetes/l4xds -n kube-system --reuse-values --set debug=true --wait")
+		// A changed value the agents roll for, and the hardest one: a new
+		// Maglev table size, which the new agents cannot write into the
+		// pinned maps. They fill new ones before their program replaces
+		// the running one (Documentation/kubernetes.md).
+		c.sh(t, docs, "helm upgrade l4xds install/kubernetes/l4xds -n kube-system --reuse-values --set maglevTableSize=2039 --wait")
 		after := c.waitAgentsReady(t, 3*time.Minute)
 		c.kubectl(t, "-n", ns, "rollout", "status", "ds/l4xds", "--timeout", "3m")
 		after = c.waitAgentsReady(t, 3*time.Minute)
@@ -638,6 +638,21 @@ func TestKind(t *testing.T) {
 		for nodeName, a := range after {
 			if a.uid == before[nodeName].uid {
 				t.Errorf("the agent on %s did not roll", nodeName)
+			}
+			var pinned struct {
+				Services []struct {
+					Frontend    string
+					MaglevSlots int
+				}
+			}
+			out := c.kubectl(t, "-n", ns, "exec", a.name, "--", "l4xds-dbg", "bpf", "lb", "list", "-o", "json")
+			if err := json.Unmarshal([]byte(out), &pinned); err != nil || len(pinned.Services) == 0 {
+				t.Errorf("l4xds-dbg bpf lb list on %s (%v):\n%s", nodeName, err, out)
+			}
+			for _, s := range pinned.Services {
+				if s.MaglevSlots != 2039 {
+					t.Errorf("on %s, %s has a Maglev table of %d slots after the upgrade, want 2039", nodeName, s.Frontend, s.MaglevSlots)
+				}
 			}
 		}
 		c.checkTraffic(t, "after the upgrade", b)
