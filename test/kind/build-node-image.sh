@@ -18,6 +18,12 @@
 #
 # Also builds the host tools the tests use into $L4XDS_CACHE/bin: kind,
 # kubectl and helm (from the chart test's module).
+#
+# --prepare builds everything that needs no Docker engine (the tools, the
+# Kubernetes and component binaries, the Debian root) and stops: .ci/run
+# starts it beside the other test tiers, since most of a cold build is Go
+# compiling and the mirror, and the tiers spend much of their time waiting.
+# A lock in $L4XDS_CACHE makes a second build wait for the first.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -33,6 +39,8 @@ DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 build=$CACHE/build
 bin=$build/bin
 mkdir -p "$bin" "$CACHE/bin" "$build/logs"
+exec 9>"$CACHE/build.lock"
+flock 9
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOWORK=off
 t0=$(date +%s)
 # step NAME: a line with the time since the start, to read cold timings off.
@@ -127,6 +135,24 @@ rootfs() {
 	fi
 }
 
+# Everything the images are made of. debootstrap mostly waits for the
+# mirror: it runs beside the Go builds.
+prepare() {
+	local rootfs_pid
+	rootfs >"$build/logs/rootfs.out" 2>&1 &
+	rootfs_pid=$!
+	kubernetes
+	step "etcd, CoreDNS, pause"
+	components
+	step "waiting for debootstrap"
+	if ! wait "$rootfs_pid"; then
+		cat "$build/logs/rootfs.out" >&2
+		tail -20 "$build/logs/debootstrap.log" >&2
+		exit 1
+	fi
+	cat "$build/logs/rootfs.out" >&2
+}
+
 # The hash of everything the image is made of.
 inputs_hash() {
 	{
@@ -146,6 +172,15 @@ if [ "${L4XDS_TOOLS_ONLY:-0}" = 1 ]; then
 	[ -x "$CACHE/bin/kubectl" ] || command -v kubectl >/dev/null || kubernetes
 	exit 0
 fi
+if [ "${1:-}" = --prepare ]; then
+	if [ -f "$tarball" ]; then
+		[ -x "$CACHE/bin/kubectl" ] || kubernetes
+	else
+		prepare
+	fi
+	step "prepared"
+	exit 0
+fi
 if docker image inspect "$image" >/dev/null 2>&1; then
 	step "node image $image is in Docker"
 	[ -x "$CACHE/bin/kubectl" ] || kubernetes
@@ -160,19 +195,7 @@ if [ -f "$tarball" ]; then
 	exit 0
 fi
 
-# debootstrap mostly waits for the mirror: run it beside the Go builds.
-rootfs >"$build/logs/rootfs.out" 2>&1 &
-rootfs_pid=$!
-kubernetes
-step "etcd, CoreDNS, pause"
-components
-step "waiting for debootstrap"
-if ! wait "$rootfs_pid"; then
-	cat "$build/logs/rootfs.out" >&2
-	tail -20 "$build/logs/debootstrap.log" >&2
-	exit 1
-fi
-cat "$build/logs/rootfs.out" >&2
+prepare
 
 step "images"
 s=$(date +%s)
