@@ -165,20 +165,21 @@ hash=$(inputs_hash)
 image=l4xds-kind/node:$KUBERNETES_VERSION-$hash
 tarball=$CACHE/node-$KUBERNETES_VERSION-$hash.tar.zst
 
+# --prepare: the node image's parts first (debootstrap starts at once and
+# waits for the mirror while the rest compiles), then the tools.
+if [ "${1:-}" = --prepare ]; then
+	[ -f "$tarball" ] || prepare
+	step "tools"
+	tools
+	[ -x "$CACHE/bin/kubectl" ] || kubernetes
+	step "prepared"
+	exit 0
+fi
 step "tools"
 tools
 # With a stock node image (KIND_NODE_IMAGE), only the host tools are needed.
 if [ "${L4XDS_TOOLS_ONLY:-0}" = 1 ]; then
 	[ -x "$CACHE/bin/kubectl" ] || command -v kubectl >/dev/null || kubernetes
-	exit 0
-fi
-if [ "${1:-}" = --prepare ]; then
-	if [ -f "$tarball" ]; then
-		[ -x "$CACHE/bin/kubectl" ] || kubernetes
-	else
-		prepare
-	fi
-	step "prepared"
 	exit 0
 fi
 if docker image inspect "$image" >/dev/null 2>&1; then
