@@ -35,9 +35,10 @@ const userAgent = "l4xds"
 // servers refuse pings more frequent than 30s (too_many_pings).
 const keepaliveTime = 60 * time.Second
 
-// Client is an xDS client: one ADS stream to one server, reconnected for
-// ever with backoff, and a cache of every accepted resource that outlives
-// streams (last-known-good).
+// Client is an xDS client: one ADS stream to one server at a time, the
+// first of the list that delivers (fallback.go), reconnected for ever with
+// backoff, and a cache of every accepted resource that outlives streams and
+// servers (last-known-good).
 //
 // Consumers call Watch for each type before Run, and SetNames for the
 // non-wildcard ones whenever the names they need change. Run does the work
@@ -49,14 +50,19 @@ type Client struct {
 	db        *statedb.DB
 	resources statedb.RWTable[*ResourceStatus]
 	status    statedb.RWTable[*TypeStatus]
-	backoff   Backoff
-	tls       *tlsFiles
-	node      *corev3.Node
-	health    cell.Health
-	metrics   *clientMetrics
-	disabled  bool
+	// serverRows is xds-servers.
+	serverRows statedb.RWTable[*ServerStatus]
+	backoff    Backoff
+	node       *corev3.Node
+	health     cell.Health
+	metrics    *clientMetrics
+	disabled   bool
 
 	attempts atomic.Uint64
+
+	// servers in order of priority; srvMu guards their state.
+	servers []*managementServer
+	srvMu   sync.Mutex
 
 	// mu guards what Watch, SetNames and Synced share with the run loop.
 	mu         sync.Mutex
@@ -73,6 +79,8 @@ type Client struct {
 	typeOrder []string
 	conn      connInfo
 	nodeSent  bool
+	// current is the server in use or being tried.
+	current *managementServer
 }
 
 // watchSpec is what consumers asked for one type.
@@ -110,13 +118,17 @@ func NewClient(cfg Config, log *slog.Logger, db *statedb.DB, opts ...Option) (*C
 	if err != nil {
 		return nil, err
 	}
+	serverRows, err := NewServersTable(db)
+	if err != nil {
+		return nil, err
+	}
 	c := &Client{
 		cfg:        cfg,
 		log:        log,
 		db:         db,
 		resources:  resources,
 		status:     status,
-		metrics:    newClientMetrics(cfg.XDSServerAddress, db, resources, status),
+		serverRows: serverRows,
 		backoff:    DefaultBackoff,
 		disabled:   !cfg.EnableXDSControlPlane,
 		watches:    map[string]*watchSpec{},
@@ -125,6 +137,7 @@ func NewClient(cfg Config, log *slog.Logger, db *statedb.DB, opts ...Option) (*C
 		wake:       make(chan struct{}, 1),
 		types:      map[string]*typeState{},
 	}
+	c.metrics = newClientMetrics(db, resources, status)
 	for _, o := range opts {
 		o(c)
 	}
@@ -135,14 +148,26 @@ func NewClient(cfg Config, log *slog.Logger, db *statedb.DB, opts ...Option) (*C
 		log.Info("xDS control plane disabled")
 		return c, nil
 	}
-	if !cfg.XDSInsecure {
-		c.tls = &tlsFiles{
-			certPath:   cfg.XDSClientCertPath,
-			keyPath:    cfg.XDSClientKeyPath,
-			caPath:     cfg.XDSCACertPath,
-			serverName: cfg.serverName(),
+	servers, _ := cfg.servers() // valid: Validate said so
+	addrs := make([]string, len(servers))
+	for i, sc := range servers {
+		srv := &managementServer{serverConfig: sc, index: i, state: ConnStandby, since: time.Now()}
+		if !cfg.XDSInsecure {
+			// One per server: each has its own name, and the handshake
+			// errors of one must not show as another's.
+			srv.tls = &tlsFiles{
+				certPath:   cfg.XDSClientCertPath,
+				keyPath:    cfg.XDSClientKeyPath,
+				caPath:     cfg.XDSCACertPath,
+				serverName: sc.name,
+			}
 		}
+		c.servers = append(c.servers, srv)
+		addrs[i] = sc.address
+		c.updateServer(srv, func(*managementServer) {})
 	}
+	c.current = c.servers[0]
+	c.metrics.setServers(addrs)
 	c.node = &corev3.Node{
 		Id:            cfg.nodeID(),
 		Cluster:       cfg.XDSNodeCluster,
@@ -281,19 +306,38 @@ func (c *Client) run(ctx context.Context, health cell.Health) error {
 
 	c.applyWatches()
 	b := c.backoff
+	srv := c.servers[0]
 	for {
-		c.attempts.Add(1)
-		c.setConn(ConnConnecting, c.conn.err)
-		err := c.session(ctx, &b)
+		c.connect(srv)
+		err := c.session(ctx, srv, &b)
 		if ctx.Err() != nil {
 			return nil
 		}
+		responded := c.streamEnded(srv, err)
+		next, backoff := nextServer(srv.index, len(c.servers), responded, err)
+		srv = c.servers[next]
+		if !backoff {
+			c.log.Warn("Switching xDS server", "from", c.current.address, "to", srv.address, "reason", c.serverError(err))
+			continue
+		}
 		wait := b.Next()
-		c.disconnected(err, wait)
+		c.waitRetry(err, wait)
 		if !c.sleep(ctx, wait) {
 			return nil
 		}
 	}
+}
+
+// connect starts an attempt on srv.
+func (c *Client) connect(srv *managementServer) {
+	c.attempts.Add(1)
+	c.metrics.attempt(srv.address)
+	c.use(srv)
+	c.updateServer(srv, func(s *managementServer) {
+		s.attempts++
+		s.setState(ConnConnecting)
+	})
+	c.setConn(ConnConnecting, c.conn.err)
 }
 
 // sleep waits before the next attempt, still taking SetNames changes in so
@@ -313,7 +357,10 @@ func (c *Client) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func (c *Client) disconnected(err error, wait time.Duration) {
+// streamEnded closes the books of a session on srv: what was per stream,
+// the server's row and metrics. It reports whether the stream had a
+// response.
+func (c *Client) streamEnded(srv *managementServer, err error) bool {
 	responded := false
 	for _, ts := range c.types {
 		responded = responded || ts.responded
@@ -322,7 +369,28 @@ func (c *Client) disconnected(err error, wait time.Duration) {
 		ts.deadlines = nil
 		ts.responded = false
 	}
-	c.metrics.streamEnded(responded)
+	var sw *switchServer
+	switched := errors.As(err, &sw)
+	// Leaving a server for a higher one is no failure of it.
+	c.metrics.streamEnded(srv.address, responded || switched)
+	c.updateServer(srv, func(s *managementServer) {
+		switch {
+		case switched:
+			s.err = nil
+			s.setState(ConnStandby)
+		default:
+			if !responded {
+				s.failures++
+			}
+			s.err = err
+			s.setState(ConnBackoff)
+		}
+	})
+	return responded
+}
+
+// waitRetry reports the wait before the next round of attempts.
+func (c *Client) waitRetry(err error, wait time.Duration) {
 	c.setConn(ConnBackoff, err)
 	c.log.Warn("xDS stream failed; retrying",
 		"error", c.serverError(err),
@@ -330,15 +398,16 @@ func (c *Client) disconnected(err error, wait time.Duration) {
 		"retry-in", wait.Round(time.Millisecond))
 }
 
-// serverError is the one line that says what is wrong with the server.
+// serverError is the one line that says what is wrong with the server in
+// use.
 func (c *Client) serverError(err error) error {
-	return fmt.Errorf("xDS server %s: %w", c.cfg.XDSServerAddress, err)
+	return fmt.Errorf("xDS server %s: %w", c.current.address, err)
 }
 
-func (c *Client) dialOptions() []grpc.DialOption {
+func (c *Client) dialOptions(srv *managementServer) []grpc.DialOption {
 	var creds credentials.TransportCredentials
-	if c.tls != nil {
-		creds = verdictCreds{credentials.NewTLS(c.tls.config()), c.tls}
+	if srv.tls != nil {
+		creds = verdictCreds{credentials.NewTLS(srv.tls.config()), srv.tls}
 	} else {
 		creds = insecure.NewCredentials()
 	}
@@ -358,14 +427,15 @@ type recvResult struct {
 	err  error
 }
 
-// session runs one connection and one stream until either fails.
-func (c *Client) session(ctx context.Context, b *Backoff) error {
-	c.tls.takeErr() // forget handshake errors of earlier attempts
+// session runs one connection and one stream to srv until either fails, or
+// until a server of higher priority delivers again (switchServer).
+func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff) error {
+	srv.tls.takeErr() // forget handshake errors of earlier attempts
 
 	// A new connection per attempt rather than one ClientConn for ever: each
 	// attempt then makes a fresh handshake with the files as they are now,
 	// and the only backoff is ours.
-	conn, err := grpc.NewClient(c.cfg.XDSServerAddress, c.dialOptions()...)
+	conn, err := grpc.NewClient(srv.address, c.dialOptions(srv)...)
 	if err != nil {
 		return err
 	}
@@ -375,13 +445,29 @@ func (c *Client) session(ctx context.Context, b *Backoff) error {
 	defer cancel()
 	st, err := openStream(sctx, conn, c.cfg.XDSProtocol)
 	if err != nil {
-		return c.streamError(err)
+		return streamError(srv, err)
 	}
 
 	c.startStream()
+	c.updateServer(srv, func(s *managementServer) {
+		s.err = nil
+		s.setState(ConnConnected)
+	})
 	c.setConn(ConnConnected, nil)
-	c.metrics.streamOpened()
-	c.log.Info("Connected to xDS server", "server", c.cfg.XDSServerAddress, "protocol", c.cfg.XDSProtocol)
+	c.metrics.streamOpened(srv.address)
+	c.log.Info("Connected to xDS server", "server", srv.address, "priority", srv.index+1, "protocol", c.cfg.XDSProtocol)
+
+	// On a lower server, the higher ones are tried until one delivers.
+	var higher chan *managementServer
+	if srv.index > 0 {
+		higher = make(chan *managementServer)
+		probing := make(chan struct{})
+		go func() {
+			defer close(probing)
+			c.returnToHigher(sctx, srv, c.probeRequests(), higher)
+		}()
+		defer func() { <-probing }() // after cancel: its rows are final
+	}
 
 	respCh := make(chan recvResult)
 	go func() {
@@ -399,7 +485,7 @@ func (c *Client) session(ctx context.Context, b *Backoff) error {
 	}()
 
 	if err := c.sendAll(st); err != nil {
-		return c.sendFailed(sctx, respCh, err)
+		return sendFailed(sctx, srv, respCh, err)
 	}
 
 	timer := time.NewTimer(time.Hour)
@@ -413,48 +499,50 @@ func (c *Client) session(ctx context.Context, b *Backoff) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case to := <-higher:
+			return &switchServer{to: to}
 		case r := <-respCh:
 			if r.err != nil {
-				return c.streamError(r.err)
+				return streamError(srv, r.err)
 			}
 			b.Reset()
 			if err := c.handleResponse(ctx, st, r.resp); err != nil {
-				return c.sendFailed(sctx, respCh, err)
+				return sendFailed(sctx, srv, respCh, err)
 			}
 		case <-c.wake:
 			c.applyWatches()
 			if err := c.sendAll(st); err != nil {
-				return c.sendFailed(sctx, respCh, err)
+				return sendFailed(sctx, srv, respCh, err)
 			}
 		case <-expiry:
 			now := time.Now()
 			c.expire(ctx, now)
 			if err := c.sendDueNacks(st, now); err != nil {
-				return c.sendFailed(sctx, respCh, err)
+				return sendFailed(sctx, srv, respCh, err)
 			}
 		}
 	}
 }
 
-// streamError turns the error of a failed stream into one line.
-func (c *Client) streamError(err error) error {
+// streamError turns the error of a failed stream to srv into one line.
+func streamError(srv *managementServer, err error) error {
 	if errors.Is(err, io.EOF) {
 		return errors.New("stream closed by the server")
 	}
-	return cleanError(err, c.tls.takeErr())
+	return cleanError(err, srv.tls.takeErr())
 }
 
 // sendFailed waits for the receive side to report why the stream broke: a
 // failed Send only says io.EOF.
-func (c *Client) sendFailed(ctx context.Context, respCh <-chan recvResult, err error) error {
+func sendFailed(ctx context.Context, srv *managementServer, respCh <-chan recvResult, err error) error {
 	if !errors.Is(err, io.EOF) {
-		return c.streamError(err)
+		return streamError(srv, err)
 	}
 	for {
 		select {
 		case r := <-respCh:
 			if r.err != nil {
-				return c.streamError(r.err)
+				return streamError(srv, r.err)
 			}
 		case <-ctx.Done():
 			return ctx.Err()
@@ -746,7 +834,15 @@ func (c *Client) setConn(state ConnState, err error) {
 // that asks for something has had its first response on this stream.
 // Until then the tables may hold a previous server's state, or none.
 func (c *Client) reportHealth() {
-	addr := c.cfg.XDSServerAddress
+	addr := c.current.address
+	// Why the servers above the one in use are not used; and with no
+	// server in use, why none is.
+	var why string
+	if c.conn.state == ConnBackoff {
+		why = c.serverErrors(len(c.servers))
+	} else if errs := c.serverErrors(c.current.index); errs != "" {
+		why = " (" + errs + ")"
+	}
 	switch {
 	case c.conn.state == ConnConnected:
 		synced := 0
@@ -761,15 +857,18 @@ func (c *Client) reportHealth() {
 			}
 		}
 		if len(waiting) > 0 {
-			c.degraded(fmt.Sprintf("connected to %s, waiting for the first %s response",
-				addr, strings.Join(waiting, " and ")))
+			c.degraded(fmt.Sprintf("connected to %s, waiting for the first %s response%s",
+				addr, strings.Join(waiting, " and "), why))
 			return
 		}
-		c.health.OK(fmt.Sprintf("connected to %s, %d types synced", addr, synced))
+		c.health.OK(fmt.Sprintf("connected to %s, %d types synced%s", addr, synced, why))
+	case c.conn.state == ConnBackoff && why != "":
+		// Every server this round: "disconnected from a:1: refused; b:2: refused".
+		c.health.Degraded("disconnected from "+why, c.conn.err)
 	case c.conn.err != nil:
 		c.health.Degraded(fmt.Sprintf("disconnected from %s: %s", addr, c.conn.err), c.conn.err)
 	default:
-		c.degraded(fmt.Sprintf("connecting to %s", addr))
+		c.degraded(fmt.Sprintf("connecting to %s%s", addr, why))
 	}
 }
 
@@ -800,7 +899,7 @@ func (c *Client) statusRow(ts *typeState) *TypeStatus {
 	s := &TypeStatus{
 		TypeURL:  ts.url,
 		Wildcard: ts.wildcard,
-		Server:   c.cfg.XDSServerAddress,
+		Server:   c.current.address,
 		Protocol: c.cfg.XDSProtocol,
 		State:    c.conn.state,
 		Attempts: c.attempts.Load(),

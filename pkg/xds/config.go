@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -22,12 +23,15 @@ const (
 // as hive's config decoding requires.
 type Config struct {
 	EnableXDSControlPlane bool
-	XDSServerAddress      string
-	XDSClientCertPath     string
-	XDSClientKeyPath      string
-	XDSCACertPath         string
-	// XDSServerName is the name the server certificate must carry; the host
-	// of XDSServerAddress when empty.
+	// XDSServerAddress is the servers' host:port, comma-separated, in
+	// order of priority (gRFC A71): the first that delivers is used.
+	XDSServerAddress  string
+	XDSClientCertPath string
+	XDSClientKeyPath  string
+	XDSCACertPath     string
+	// XDSServerName is the name the server certificates must carry: empty
+	// (each server's host), one name for every server, or one per server
+	// in the order of XDSServerAddress (an empty one is that server's host).
 	XDSServerName string
 	XDSInsecure   bool
 	// XDSNodeID is the node id sent to the server; $NODE_NAME, else the
@@ -54,11 +58,13 @@ var DefaultConfig = Config{
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Bool("enable-xds-control-plane", def.EnableXDSControlPlane, "Subscribe to an xDS management server")
-	flags.String("xds-server-address", def.XDSServerAddress, "host:port of the xDS management server")
+	flags.String("xds-server-address", def.XDSServerAddress,
+		"host:port of the xDS management server; several, comma-separated, in order of priority: the first that delivers is used (gRFC A71)")
 	flags.String("xds-client-cert-path", def.XDSClientCertPath, "PEM client certificate presented to the xDS server")
 	flags.String("xds-client-key-path", def.XDSClientKeyPath, "PEM private key of the client certificate")
 	flags.String("xds-ca-cert-path", def.XDSCACertPath, "PEM CA certificates that sign the xDS server certificate")
-	flags.String("xds-server-name", def.XDSServerName, "Name the xDS server certificate must carry (default: host of --xds-server-address)")
+	flags.String("xds-server-name", def.XDSServerName,
+		"Name the xDS server certificate must carry (default: host of --xds-server-address); one for every server, or one per server in the order of --xds-server-address")
 	flags.Bool("xds-insecure", def.XDSInsecure, "Connect to the xDS server without TLS (testing only)")
 	flags.String("xds-node-id", def.XDSNodeID, "Node id sent to the xDS server (default: $NODE_NAME, else the hostname)")
 	flags.String("xds-node-cluster", def.XDSNodeCluster, "Node cluster sent to the xDS server")
@@ -90,12 +96,10 @@ func (cfg Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// validateServer checks what connecting to the server needs.
+// validateServer checks what connecting to the servers needs.
 func (cfg Config) validateServer() (errs []error) {
-	if cfg.XDSServerAddress == "" {
-		errs = append(errs, errors.New("--xds-server-address: must be set when --enable-xds-control-plane is true"))
-	} else if _, _, err := net.SplitHostPort(cfg.XDSServerAddress); err != nil {
-		errs = append(errs, fmt.Errorf("--xds-server-address: %q is not host:port: %w", cfg.XDSServerAddress, err))
+	if _, err := cfg.servers(); err != nil {
+		errs = append(errs, err)
 	}
 	if cfg.XDSInsecure {
 		return errs
@@ -112,16 +116,63 @@ func (cfg Config) validateServer() (errs []error) {
 	return errs
 }
 
-// serverName is the name the server certificate is checked against.
-func (cfg Config) serverName() string {
-	if cfg.XDSServerName != "" {
-		return cfg.XDSServerName
+// serverConfig is one management server of the list.
+type serverConfig struct {
+	address string
+	// name is the name its certificate must carry.
+	name string
+}
+
+// servers parses --xds-server-address and --xds-server-name into the
+// servers in order of priority. Errors name the flag and the server.
+func (cfg Config) servers() ([]serverConfig, error) {
+	if strings.TrimSpace(cfg.XDSServerAddress) == "" {
+		return nil, errors.New("--xds-server-address: must be set when --enable-xds-control-plane is true")
 	}
-	host, _, err := net.SplitHostPort(cfg.XDSServerAddress)
-	if err != nil {
-		return cfg.XDSServerAddress
+	addrs := splitList(cfg.XDSServerAddress)
+	var errs []error
+	seen := map[string]int{}
+	servers := make([]serverConfig, len(addrs))
+	for i, a := range addrs {
+		host, _, err := net.SplitHostPort(a)
+		switch {
+		case a == "":
+			errs = append(errs, fmt.Errorf("--xds-server-address: server %d of %q is empty", i+1, cfg.XDSServerAddress))
+		case err != nil:
+			errs = append(errs, fmt.Errorf("--xds-server-address: %q is not host:port: %w", a, err))
+		case seen[a] > 0:
+			errs = append(errs, fmt.Errorf("--xds-server-address: %q is listed twice (servers %d and %d)", a, seen[a], i+1))
+		}
+		seen[a] = i + 1
+		servers[i] = serverConfig{address: a, name: host}
 	}
-	return host
+	if names := splitList(cfg.XDSServerName); strings.TrimSpace(cfg.XDSServerName) != "" {
+		switch len(names) {
+		case 1:
+			for i := range servers {
+				servers[i].name = names[0]
+			}
+		case len(servers):
+			for i, n := range names {
+				if n != "" {
+					servers[i].name = n
+				}
+			}
+		default:
+			errs = append(errs, fmt.Errorf("--xds-server-name: %d names for %d servers in --xds-server-address: "+
+				"give one name for every server, or one per server in the same order", len(names), len(servers)))
+		}
+	}
+	return servers, errors.Join(errs...)
+}
+
+// splitList splits a comma-separated flag value, trimming spaces.
+func splitList(s string) []string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		parts[i] = strings.TrimSpace(p)
+	}
+	return parts
 }
 
 // nodeID is the configured node id, else $NODE_NAME, else the hostname.

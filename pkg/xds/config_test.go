@@ -5,6 +5,7 @@ package xds
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,16 @@ func TestConfigValidate(t *testing.T) {
 			[]string{"--xds-server-address: must be set when --enable-xds-control-plane is true"}},
 		{"address without port", func(c *Config) { c.XDSServerAddress = "xds" },
 			[]string{`--xds-server-address: "xds" is not host:port`}},
+		{"second address without port", func(c *Config) { c.XDSServerAddress = "a:9000,b" },
+			[]string{`--xds-server-address: "b" is not host:port`}},
+		{"empty server in the list", func(c *Config) { c.XDSServerAddress = "a:9000,,b:9000" },
+			[]string{`--xds-server-address: server 2 of "a:9000,,b:9000" is empty`}},
+		{"server listed twice", func(c *Config) { c.XDSServerAddress = "a:9000,b:9000,a:9000" },
+			[]string{`--xds-server-address: "a:9000" is listed twice (servers 1 and 3)`}},
+		{"names not aligned with the servers", func(c *Config) {
+			c.XDSServerAddress, c.XDSServerName = "a:9000,b:9000,c:9000", "x,y"
+		}, []string{"--xds-server-name: 2 names for 3 servers in --xds-server-address: " +
+			"give one name for every server, or one per server in the same order"}},
 		{"no certificates", func(c *Config) { c.XDSClientCertPath, c.XDSCACertPath = "", "" },
 			[]string{"--xds-client-cert-path: must be set unless --xds-insecure is true",
 				"--xds-ca-cert-path: must be set unless --xds-insecure is true"}},
@@ -75,15 +86,39 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+func TestConfigServers(t *testing.T) {
+	tests := []struct {
+		name, addresses, names string
+		want                   []serverConfig
+	}{
+		{"one, its host", "xds.example.internal:9000", "",
+			[]serverConfig{{"xds.example.internal:9000", "xds.example.internal"}}},
+		{"one, named", "10.0.0.1:9000", "xds.example.internal",
+			[]serverConfig{{"10.0.0.1:9000", "xds.example.internal"}}},
+		{"two, their hosts, in order", "a.example:9000, b.example:9001", "",
+			[]serverConfig{{"a.example:9000", "a.example"}, {"b.example:9001", "b.example"}}},
+		{"two, one name for both", "10.0.0.1:9000,10.0.0.2:9000", "xds.example.internal",
+			[]serverConfig{{"10.0.0.1:9000", "xds.example.internal"}, {"10.0.0.2:9000", "xds.example.internal"}}},
+		{"two, one name each", "10.0.0.1:9000,10.0.0.2:9000", "cp-a.example,cp-b.example",
+			[]serverConfig{{"10.0.0.1:9000", "cp-a.example"}, {"10.0.0.2:9000", "cp-b.example"}}},
+		{"an empty name is the host", "a.example:9000,10.0.0.2:9000", ",cp-b.example",
+			[]serverConfig{{"a.example:9000", "a.example"}, {"10.0.0.2:9000", "cp-b.example"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Config{XDSServerAddress: tt.addresses, XDSServerName: tt.names}.servers()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("servers = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestConfigDefaults(t *testing.T) {
 	cfg := Config{XDSServerAddress: "xds.example.internal:9000"}
-	if got := cfg.serverName(); got != "xds.example.internal" {
-		t.Errorf("server name = %q, want the host of the address", got)
-	}
-	cfg.XDSServerName = "other"
-	if got := cfg.serverName(); got != "other" {
-		t.Errorf("server name = %q, want the configured one", got)
-	}
 	t.Setenv("NODE_NAME", "node-from-env")
 	if got := cfg.nodeID(); got != "node-from-env" {
 		t.Errorf("node id = %q, want $NODE_NAME", got)

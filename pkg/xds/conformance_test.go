@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -535,6 +536,12 @@ var conformanceRules = []conformanceRule{
 // stateAbsent is the state ruleClient.resource gives a name without a row.
 const stateAbsent ResourceState = "absent"
 
+// The servers of a ruleClient, in order of priority.
+const (
+	ruleServerA = "xds-a.example.internal:9000"
+	ruleServerB = "xds-b.example.internal:9000"
+)
+
 // ruleClient is a Client driven by hand, for TestConformance.
 type ruleClient struct {
 	*Client
@@ -544,6 +551,7 @@ type ruleClient struct {
 	st        *recordingStream
 	clusters  *recorder
 	eps       *recorder
+	health    *recordedHealth
 	lastNonce string
 	nonces    int
 }
@@ -551,16 +559,19 @@ type ruleClient struct {
 func newRuleClient(t *testing.T, protocol string) *ruleClient {
 	cfg := DefaultConfig
 	cfg.EnableXDSControlPlane = true
-	cfg.XDSServerAddress = "xds.example.internal:9000"
+	// Two servers, as A71 allows: every rule runs on the first, the
+	// fallback rules on both.
+	cfg.XDSServerAddress = ruleServerA + "," + ruleServerB
 	cfg.XDSInsecure = true
 	cfg.XDSNodeID = "node-1"
 	cfg.XDSProtocol = protocol
 	db := statedb.New()
-	c, err := NewClient(cfg, slog.New(slog.DiscardHandler), db, WithHealth(nopHealth{}))
+	health := &recordedHealth{}
+	c, err := NewClient(cfg, slog.New(slog.DiscardHandler), db, WithHealth(health))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := &ruleClient{Client: c, t: t, delta: protocol == ProtocolDelta, db: db, clusters: &recorder{}, eps: &recorder{}}
+	rc := &ruleClient{Client: c, t: t, delta: protocol == ProtocolDelta, db: db, clusters: &recorder{}, eps: &recorder{}, health: health}
 	c.Watch(ClusterType, true, rc.clusters)
 	c.Watch(EndpointType, false, rc.eps)
 	c.applyWatches()
@@ -568,23 +579,46 @@ func newRuleClient(t *testing.T, protocol string) *ruleClient {
 	return rc
 }
 
-// connect starts a stream and sends the first requests, as session does.
-func (rc *ruleClient) connect() {
+// connect starts a stream to the server in use and sends the first
+// requests, as run and session do.
+func (rc *ruleClient) connect() { rc.connectTo(rc.current.index) }
+
+// connectTo starts a stream to servers[i], as run and session do.
+func (rc *ruleClient) connectTo(i int) {
+	srv := rc.servers[i]
+	rc.Client.connect(srv)
 	rc.st = &recordingStream{}
 	rc.startStream()
+	rc.updateServer(srv, func(s *managementServer) {
+		s.err = nil
+		s.setState(ConnConnected)
+	})
 	rc.setConn(ConnConnected, nil)
+	rc.metrics.streamOpened(srv.address)
 	if err := rc.sendAll(rc.st); err != nil {
 		rc.t.Fatal(err)
 	}
 }
 
-func (rc *ruleClient) disconnect() {
-	rc.disconnected(errors.New("stream broken by the test"), time.Second)
+// end ends the stream with err, as run does, and returns the server run
+// would try next and whether it would wait the backoff first.
+func (rc *ruleClient) end(err error) (next int, backoff bool) {
+	srv := rc.current
+	responded := rc.streamEnded(srv, err)
+	next, backoff = nextServer(srv.index, len(rc.servers), responded, err)
+	if backoff {
+		rc.waitRetry(err, time.Second)
+	}
+	return next, backoff
 }
 
+func (rc *ruleClient) disconnect() { rc.end(errors.New("stream broken by the test")) }
+
+// reconnect starts a new stream to the same server.
 func (rc *ruleClient) reconnect() {
+	srv := rc.current.index
 	rc.disconnect()
-	rc.connect()
+	rc.connectTo(srv)
 }
 
 // setNames sets the requested endpoint names and sends the request.
@@ -661,3 +695,26 @@ func (rc *ruleClient) claMsg(name string, priority uint32) proto.Message {
 func (rc *ruleClient) cla(name string, priority uint32) rawResource {
 	return rc.raw(name, endpoints(name, priority))
 }
+
+// server is the row of xds-servers of the server at addr.
+func (rc *ruleClient) server(addr string) *ServerStatus {
+	for s := range rc.serverRows.All(rc.db.ReadTxn()) {
+		if s.Address == addr {
+			return s
+		}
+	}
+	rc.t.Fatalf("no row for server %s", addr)
+	return nil
+}
+
+// recordedHealth keeps the last health report.
+type recordedHealth struct {
+	ok     bool
+	reason string
+}
+
+func (h *recordedHealth) OK(reason string)                { h.ok, h.reason = true, reason }
+func (h *recordedHealth) Degraded(reason string, _ error) { h.ok, h.reason = false, reason }
+func (h *recordedHealth) Stopped(string)                  {}
+func (h *recordedHealth) NewScope(string) cell.Health     { return h }
+func (h *recordedHealth) Close()                          {}

@@ -19,17 +19,37 @@ const (
 	endpointTypeLabel = "envoy.config.endpoint.v3.ClusterLoadAssignment"
 )
 
+// The metrics of the client's first server.
+
 func (tc *testClient) valid(typeLabel string) float64 {
-	return testutil.ToFloat64(tc.metrics.valid.WithLabelValues(typeLabel))
+	return testutil.ToFloat64(tc.metrics.valid.WithLabelValues(tc.servers[0].address, typeLabel))
 }
 
 func (tc *testClient) invalid(typeLabel string) float64 {
-	return testutil.ToFloat64(tc.metrics.invalid.WithLabelValues(typeLabel))
+	return testutil.ToFloat64(tc.metrics.invalid.WithLabelValues(tc.servers[0].address, typeLabel))
 }
 
-func (tc *testClient) connected() float64 { return testutil.ToFloat64(tc.metrics.connected) }
+func (tc *testClient) connected() float64 { return tc.connectedTo(tc.servers[0].address) }
 
-func (tc *testClient) serverFailures() float64 { return testutil.ToFloat64(tc.metrics.serverFailure) }
+func (tc *testClient) serverFailures() float64 { return tc.serverFailuresOf(tc.servers[0].address) }
+
+// The metrics of one server.
+
+func (tc *testClient) connectedTo(addr string) float64 {
+	return testutil.ToFloat64(tc.metrics.connected.WithLabelValues(addr))
+}
+
+func (tc *testClient) serverFailuresOf(addr string) float64 {
+	return testutil.ToFloat64(tc.metrics.serverFailure.WithLabelValues(addr))
+}
+
+func (tc *testClient) inUse(addr string) float64 {
+	return testutil.ToFloat64(tc.metrics.inUse.WithLabelValues(addr))
+}
+
+func (tc *testClient) attemptsOn(addr string) float64 {
+	return testutil.ToFloat64(tc.metrics.attempts.WithLabelValues(addr))
+}
 
 // resourcesGauge is the l4xds_xds_client_resources exposition expected for
 // a client of server addr with, per type, the count of each cache state

@@ -15,6 +15,7 @@ import (
 const (
 	ResourcesTableName = "xds-resources"
 	StatusTableName    = "xds-status"
+	ServersTableName   = "xds-servers"
 )
 
 // ResourceState is where one requested or received resource stands.
@@ -105,6 +106,9 @@ const (
 	ConnConnected  ConnState = "connected"
 	// ConnBackoff: the last attempt failed; waiting before the next one.
 	ConnBackoff ConnState = "backoff"
+	// ConnStandby: a server of the list not in use, because one of
+	// higher priority delivers or none was tried yet (xds-servers only).
+	ConnStandby ConnState = "standby"
 )
 
 // TypeStatus is one row of xds-status: the stream as seen by one watched
@@ -139,6 +143,55 @@ func (s *TypeStatus) TableRow() []string {
 		strconv.FormatUint(s.Attempts, 10), s.Version, s.Nonce, strconv.FormatBool(s.Synced), s.Error,
 		formatTime(s.Since),
 	}
+}
+
+// ServerStatus is one row of xds-servers: one management server of
+// --xds-server-address, in order of priority (gRFC A71).
+type ServerStatus struct {
+	// Priority is the server's place in the list, from 1.
+	Priority int
+	Address  string
+	// Name is the name its certificate must carry; empty without TLS.
+	Name string
+	// InUse marks the server whose stream the client uses or is trying.
+	InUse bool
+	State ConnState
+	// Attempts counts connection attempts to the server, including those
+	// that check whether it delivers again while a lower one is in use.
+	Attempts uint64
+	// Failures counts the attempts that failed before a response (A57).
+	Failures uint64
+	// Error is the last error of the server, in one line.
+	Error string
+	// Since is when State last changed.
+	Since time.Time
+}
+
+func (s *ServerStatus) TableHeader() []string {
+	return []string{"Priority", "Address", "Name", "InUse", "State", "Attempts", "Failures", "Error", "Since"}
+}
+
+func (s *ServerStatus) TableRow() []string {
+	return []string{
+		strconv.Itoa(s.Priority), s.Address, s.Name, strconv.FormatBool(s.InUse), string(s.State),
+		strconv.FormatUint(s.Attempts, 10), strconv.FormatUint(s.Failures, 10), s.Error, formatTime(s.Since),
+	}
+}
+
+// ServerPriorityIndex is the primary index of xds-servers: the priority.
+var ServerPriorityIndex = statedb.Index[*ServerStatus, int]{
+	Name: "priority",
+	FromObject: func(s *ServerStatus) index.KeySet {
+		return index.NewKeySet(index.Int(s.Priority))
+	},
+	FromKey:    index.Int,
+	FromString: index.IntString,
+	Unique:     true,
+}
+
+// NewServersTable registers xds-servers in db.
+func NewServersTable(db *statedb.DB) (statedb.RWTable[*ServerStatus], error) {
+	return statedb.NewTable(db, ServersTableName, ServerPriorityIndex)
 }
 
 // TypeStatusIndex is the primary index of xds-status: the type URL.
