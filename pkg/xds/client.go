@@ -835,12 +835,9 @@ func (c *Client) setConn(state ConnState, err error) {
 // Until then the tables may hold a previous server's state, or none.
 func (c *Client) reportHealth() {
 	addr := c.current.address
-	// Why the servers above the one in use are not used; and with no
-	// server in use, why none is.
+	// Why the servers above the one in use are not used.
 	var why string
-	if c.conn.state == ConnBackoff {
-		why = c.serverErrors(len(c.servers))
-	} else if errs := c.serverErrors(c.current.index); errs != "" {
+	if errs := c.serverErrors(c.current.index); errs != "" {
 		why = " (" + errs + ")"
 	}
 	switch {
@@ -862,12 +859,13 @@ func (c *Client) reportHealth() {
 			return
 		}
 		c.health.OK(fmt.Sprintf("connected to %s, %d types synced%s", addr, synced, why))
-	case c.conn.state == ConnBackoff && why != "":
-		// Every server this round: "disconnected from a:1: refused; b:2: refused".
-		c.health.Degraded("disconnected from "+why, c.conn.err)
-	case c.conn.err != nil:
-		c.health.Degraded(fmt.Sprintf("disconnected from %s: %s", addr, c.conn.err), c.conn.err)
 	default:
+		// Every server that failed, this one included: "disconnected
+		// from a:1: connection refused; b:2: connection refused".
+		if errs := c.serverErrors(len(c.servers)); errs != "" {
+			c.degraded("disconnected from " + errs)
+			return
+		}
 		c.degraded(fmt.Sprintf("connecting to %s%s", addr, why))
 	}
 }

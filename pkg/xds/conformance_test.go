@@ -36,8 +36,9 @@ import (
 //     TestStreamClosedAfterEveryResponse, TestBackoffSequence.
 //   - A repeated identical NACK is paced, never a loop:
 //     TestRepeatedNackPacedWithoutBlocking.
-//   - A71 (fallback to a second server) does not apply: the client has one
-//     server (see architecture.md).
+//   - A71's return to a higher server once it delivers again, with real
+//     servers: TestFallbackAndReturn (the rules here drive the switch by
+//     hand).
 func TestConformance(t *testing.T) {
 	for _, r := range conformanceRules {
 		t.Run(r.name, func(t *testing.T) {
@@ -513,6 +514,161 @@ var conformanceRules = []conformanceRule{
 				if got := rc.clusters.state(); !maps.Equal(got, map[string]string{"b": "1", "c": "1", "d": "1"}) {
 					t.Errorf("clusters = %v", got)
 				}
+			}
+		},
+	},
+	{
+		name: "servers are tried in order and one that fails before a response hands over to the next at once",
+		ref:  "gRFC A71: servers in the order of the bootstrap; fallback on A57's failures (connection, stream without a response)",
+		test: func(t *testing.T, rc *ruleClient) {
+			if rc.current.address != ruleServerA || rc.server(ruleServerA).State != ConnConnected || !rc.server(ruleServerA).InUse {
+				t.Fatalf("first server = %s %+v, want %s connected and in use", rc.current.address, rc.server(ruleServerA), ruleServerA)
+			}
+			if s := rc.server(ruleServerB); s.State != ConnStandby || s.InUse || s.Attempts != 0 {
+				t.Errorf("second server before any failure = %+v, want standby, untried", s)
+			}
+			next, backoff := rc.end(errors.New("connection refused"))
+			if next != 1 || backoff {
+				t.Fatalf("after the first server failed: next %d, backoff %t; want the second at once", next+1, backoff)
+			}
+			if s := rc.server(ruleServerA); s.State != ConnBackoff || s.Failures != 1 || s.Error != "connection refused" {
+				t.Errorf("failed first server = %+v, want backoff, 1 failure, its error", s)
+			}
+			rc.connectTo(next)
+			if r := rc.lastRequest(ClusterType); r.node.GetId() != "node-1" || r.nonce != "" || r.version != "" {
+				t.Errorf("first request to the second server = %+v, want the node, no nonce nor version", r)
+			}
+			if s := rc.server(ruleServerB); s.State != ConnConnected || !s.InUse || s.Attempts != 1 {
+				t.Errorf("second server = %+v, want connected, in use, 1 attempt", s)
+			}
+			if rc.server(ruleServerA).InUse {
+				t.Error("the failed first server is still in use")
+			}
+			rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"))
+			if !rc.health.ok || !strings.Contains(rc.health.reason, "connected to "+ruleServerB) ||
+				!strings.Contains(rc.health.reason, ruleServerA+": connection refused") {
+				t.Errorf("health = %+v, want OK, on the second server, naming why not the first", rc.health)
+			}
+		},
+	},
+	{
+		name: "when every server fails, the next round starts at the first after the backoff, and health names every server",
+		ref:  "gRFC A71: the client reports a failure when the last server is unavailable",
+		test: func(t *testing.T, rc *ruleClient) {
+			rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"))
+			rc.end(errors.New("stream closed by the server"))
+			rc.connectTo(0)
+			if next, backoff := rc.end(errors.New("connection refused")); next != 1 || backoff {
+				t.Fatalf("next %d, backoff %t; want the second server at once", next+1, backoff)
+			}
+			rc.connectTo(1)
+			next, backoff := rc.end(errors.New("tls: certificate signed by unknown authority"))
+			if next != 0 || !backoff {
+				t.Fatalf("after the last server failed: next %d, backoff %t; want the first after the backoff", next+1, backoff)
+			}
+			want := "disconnected from " + ruleServerA + ": connection refused; " +
+				ruleServerB + ": tls: certificate signed by unknown authority"
+			if rc.health.ok || rc.health.reason != want {
+				t.Errorf("health = %+v, want degraded: %q", rc.health, want)
+			}
+			// Last-known-good: nothing was removed.
+			if r := rc.resource(ClusterType, "a"); r.State != StateAcked {
+				t.Errorf("a with every server down = %+v, want acked", r)
+			}
+		},
+	},
+	{
+		name: "a stream that had a response and ends is no failure: the next round starts at the first server after the backoff",
+		ref:  "gRFC A57: a stream closed after a response is not a failure; A71: the first server that delivers is used",
+		test: func(t *testing.T, rc *ruleClient) {
+			rc.end(errors.New("connection refused"))
+			rc.connectTo(1)
+			rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"))
+			next, backoff := rc.end(errors.New("stream closed by the server"))
+			if next != 0 || !backoff {
+				t.Fatalf("next %d, backoff %t; want the first server after the backoff", next+1, backoff)
+			}
+			if s := rc.server(ruleServerB); s.Failures != 0 {
+				t.Errorf("second server = %+v, want no failure: its stream had a response", s)
+			}
+		},
+	},
+	{
+		name: "the cache is kept across a switch of server and swept only against the new server's first full state",
+		ref:  "gRFC A71: cached resources are used until the fallback server sends its own; xds_protocol: a new stream's first response is the full state",
+		test: func(t *testing.T, rc *ruleClient) {
+			rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"), rc.cluster("b", "1"))
+			rc.setNames("a")
+			rc.respond(EndpointType, "1", nil, rc.cla("a", 0))
+			n, ne := rc.clusters.count(), rc.eps.count()
+			rc.end(errors.New("connection refused"))
+			rc.connectTo(1)
+			// Connected to the second server, which sent nothing yet:
+			// nothing is gone.
+			for _, r := range []struct{ typ, name string }{{ClusterType, "a"}, {ClusterType, "b"}, {EndpointType, "a"}} {
+				if got := rc.resource(r.typ, r.name); got.State != StateAcked {
+					t.Errorf("%s %s before the new server's first response = %+v, want acked", ShortTypeName(r.typ), r.name, got)
+				}
+			}
+			if rc.clusters.count() != n || rc.eps.count() != ne {
+				t.Fatalf("handlers called before the new server's first response: %+v %+v", rc.clusters.all()[n:], rc.eps.all()[ne:])
+			}
+			// Its first full state: b unchanged (no update for it), c new, a swept.
+			rc.respond(ClusterType, "7", nil, rc.cluster("b", "1"), rc.cluster("c", "1"))
+			u := rc.clusters.all()[n:]
+			if len(u) != 1 || !slices.Equal(u[0].Removed, []string{"a"}) || !slices.Equal(names(u[0].Upserted), []string{"c"}) {
+				t.Errorf("updates from the new server = %+v, want one: c upserted, a removed", u)
+			}
+			// A type of names is not swept: the endpoints stay until the
+			// server answers or the does-not-exist timer says.
+			if got := rc.resource(EndpointType, "a"); got.State != StateAcked {
+				t.Errorf("endpoints a after the switch = %+v, want acked", got)
+			}
+		},
+	},
+	{
+		name: "leaving a lower server for a higher one that delivers again is no failure",
+		ref:  "gRFC A71: once the higher-priority server is reachable again, the lower one is closed",
+		test: func(t *testing.T, rc *ruleClient) {
+			rc.end(errors.New("connection refused"))
+			rc.connectTo(1)
+			rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"))
+			next, backoff := rc.end(&switchServer{to: rc.servers[0]})
+			if next != 0 || backoff {
+				t.Fatalf("next %d, backoff %t; want the first server at once", next+1, backoff)
+			}
+			if s := rc.server(ruleServerB); s.State != ConnStandby || s.Failures != 0 || s.Error != "" {
+				t.Errorf("second server after leaving it = %+v, want standby, no failure, no error", s)
+			}
+			rc.connectTo(0)
+			if s := rc.server(ruleServerB); s.InUse {
+				t.Errorf("second server still in use: %+v", s)
+			}
+			n := rc.clusters.count()
+			rc.respond(ClusterType, "2", nil, rc.cluster("a", "1"))
+			if rc.clusters.count() != n {
+				t.Errorf("the same state from the first server reached the handler: %+v", rc.clusters.all()[n:])
+			}
+			if !rc.health.ok || rc.health.reason != "connected to "+ruleServerA+", 1 types synced" {
+				t.Errorf("health = %+v, want OK on the first server", rc.health)
+			}
+		},
+	},
+	{
+		name: "the check that a higher server delivers asks for the stream's subscription",
+		ref:  "gRFC A71: a server is used again once it delivers, not merely once it accepts connections",
+		test: func(t *testing.T, rc *ruleClient) {
+			rc.setNames("e1", "e2")
+			reqs := rc.probeRequests()
+			if len(reqs) != 2 || reqs[0].typeURL != ClusterType || reqs[0].node.GetId() != "node-1" || reqs[1].node != nil {
+				t.Fatalf("probe requests = %+v, want clusters with the node, then endpoints", reqs)
+			}
+			got := slices.Concat(reqs[1].names, reqs[1].subscribe)
+			if !slices.Equal(got, []string{"e1", "e2"}) {
+				t.Errorf("probe asks for endpoints %q, want [e1 e2]", got)
+			}
+			if rc.delta && !slices.Equal(reqs[0].subscribe, []string{"*"}) || !rc.delta && reqs[0].names != nil {
+				t.Errorf("probe's wildcard = %+v, want the stream's wildcard", reqs[0])
 			}
 		},
 	},

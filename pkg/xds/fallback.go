@@ -127,6 +127,7 @@ func (c *Client) probe(ctx context.Context, srv *managementServer, reqs []*reque
 	err := c.probeOnce(ctx, srv, reqs)
 	switch {
 	case err == nil:
+		c.updateServer(srv, func(s *managementServer) { s.err = nil })
 		return true
 	case ctx.Err() != nil:
 		// Cut short by the session's end: not the server's failure.
@@ -249,15 +250,16 @@ func (s *managementServer) row() *ServerStatus {
 	return r
 }
 
-// serverErrors lists "address: error" of each server in backoff, in order
-// of priority: what health says when no server, or only a lower one, is in
+// serverErrors lists "address: error" of each of the first upTo servers
+// whose last attempt failed, also while it is tried again, in order of
+// priority: what health says when no server, or only a lower one, is in
 // use.
 func (c *Client) serverErrors(upTo int) string {
 	c.srvMu.Lock()
 	defer c.srvMu.Unlock()
 	var errs []string
 	for _, s := range c.servers[:upTo] {
-		if s.state == ConnBackoff && s.err != nil {
+		if s.err != nil && (s.state == ConnBackoff || s.state == ConnConnecting) {
 			errs = append(errs, fmt.Sprintf("%s: %s", s.address, s.err))
 		}
 	}
