@@ -187,6 +187,13 @@ func printStatus(w io.Writer, v statusView, now time.Time) error {
 		}
 		t.row("", fmt.Sprintf("%s: version %s, %s", shortTypeName(s.TypeURL), orDash(s.Version), synced))
 	}
+	for i, l := range v.XDS.serverLines(now) {
+		label := ""
+		if i == 0 {
+			label = "xDS servers:"
+		}
+		t.row(label, l)
+	}
 	if v.XDS.Enabled {
 		t.row("Resources:", resourceCounts(v.XDS.Resources))
 		for _, r := range v.XDS.Resources {

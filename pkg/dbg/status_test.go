@@ -26,6 +26,24 @@ func connected(typeURL, version string) xdsTypeStatus {
 		Attempts: 1, Version: version, Synced: true, Since: now.Add(-5 * time.Minute)}
 }
 
+// onFallback is an xDS client served by the second of two servers, the
+// first refusing connections (gRFC A71).
+func onFallback() xdsView {
+	st := connected(xds.ClusterType, "v3")
+	st.Server, st.Attempts = "xds-b.example:9000", 4
+	return xdsView{
+		Enabled: true,
+		Types:   []xdsTypeStatus{st},
+		Servers: []xdsServer{
+			{Priority: 1, Address: "xds.example:9000", Name: "xds.example", State: "backoff", Attempts: 3, Failures: 3,
+				Error: "Error while dialing: dial tcp 10.0.0.1:9000: connect: connection refused", Since: now.Add(-3 * time.Second)},
+			{Priority: 2, Address: "xds-b.example:9000", Name: "xds-b.example", InUse: true, State: "connected",
+				Attempts: 1, Since: now.Add(-5 * time.Minute)},
+		},
+		Resources: []xdsResource{{TypeURL: xds.ClusterType, Name: "db", Version: "v3", State: stateAcked, Updated: now}},
+	}
+}
+
 func frontend(addr, svc string, status reconciler.Status) *lb.Frontend {
 	a, err := lb.ParseL3n4Addr(addr)
 	if err != nil {
@@ -125,6 +143,29 @@ Datapath:     none: no forwarding, tables only
 			err: "degraded: job-xds-client: disconnected from xds.example:9000: connection refused",
 		},
 		{
+			name: "served by the second server, the first refusing connections",
+			v: statusView{
+				Health: api.HealthReport{OK: true, Statuses: []health.Status{
+					{Scope: "job-xds-client", Level: cell.StatusOK, Message: "connected to xds-b.example:9000, 1 types synced"},
+				}},
+				XDS:      onFallback(),
+				Datapath: datapathStatus{Mode: "none"},
+			},
+			want: `
+Health:        OK (1 component)
+xDS server:    xds-b.example:9000 (sotw), server 2 of 2
+xDS state:     connected for 5m0s, 4 connection attempts
+               Cluster: version v3, synced
+xDS servers:   1. xds.example:9000: backoff for 3s, 3 attempts, 3 failures: Error while dialing: dial tcp 10.0.0.1:9000: connect: connection refused
+               2. xds-b.example:9000: connected for 5m0s, 1 attempt, 0 failures, in use
+Resources:     1 acked
+Services:      0
+Frontends:     0
+Backends:      0
+Datapath:      none: no forwarding, tables only
+`,
+		},
+		{
 			name: "xDS disabled, maps not readable",
 			v: statusView{
 				Health:   api.HealthReport{OK: true},
@@ -206,6 +247,24 @@ Cluster                 web    -         nacked      2026-01-02T10:00:00Z   clus
 ClusterLoadAssignment   db     -         requested   2026-01-02T10:00:00Z   -
 `,
 		},
+		{
+			name: "served by the second server, the first refusing connections",
+			v:    onFallback(),
+			want: `
+Server:   xds-b.example:9000 (sotw), server 2 of 2
+State:    connected for 5m0s, 4 connection attempts
+
+Priority   Server               Name            In use   State                Attempts   Failures   Last error
+1          xds.example:9000     xds.example     no       backoff for 3s       3          3          Error while dialing: dial tcp 10.0.0.1:9000: connect: connection refused
+2          xds-b.example:9000   xds-b.example   yes      connected for 5m0s   1          0          -
+
+Type      Version   Synced
+Cluster   v3        yes
+
+Type      Name   Version   State   Updated                Error
+Cluster   db     v3        acked   2026-01-02T10:00:00Z   -
+`,
+		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -238,6 +297,10 @@ func TestXDSMirrorsMatchPkgXDS(t *testing.T) {
 	}
 	sameFields(t, &xds.TypeStatus{}, &xdsTypeStatus{})
 	sameFields(t, &xds.ResourceStatus{}, &xdsResource{})
+	sameFields(t, &xds.ServerStatus{}, &xdsServer{})
+	if xdsServersTable != xds.ServersTableName {
+		t.Errorf("table name %q, want %q", xdsServersTable, xds.ServersTableName)
+	}
 }
 
 // sameFields fills every field of orig, encodes it as the agent does and
@@ -254,6 +317,8 @@ func sameFields(t *testing.T, orig, mirror any) {
 			f.SetBool(true)
 		case reflect.Uint64:
 			f.SetUint(uint64(i + 1))
+		case reflect.Int:
+			f.SetInt(int64(i + 1))
 		case reflect.Struct:
 			f.Set(reflect.ValueOf(now.Add(time.Duration(i) * time.Second)))
 		default:

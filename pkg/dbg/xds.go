@@ -19,7 +19,7 @@ func xdsCommand(client func() *api.Client) *cobra.Command {
 	cmd := &cobra.Command{Use: "xds", Short: "Inspect the agent's xDS client"}
 	status := &cobra.Command{
 		Use:   "status",
-		Short: "Server, connection state, per-type versions, and every resource's version, state and last NACK error",
+		Short: "Servers, connection state, per-type versions, and every resource's version, state and last NACK error",
 		Args:  cobra.NoArgs,
 	}
 	showOutput(status, func(cmd *cobra.Command) (xdsView, error) {
@@ -39,13 +39,15 @@ func xdsCommand(client func() *api.Client) *cobra.Command {
 // requestTimeout bounds a one-shot read of the agent's API.
 const requestTimeout = 30 * time.Second
 
-// The rows of the xDS client's tables (xds.TypeStatus, xds.ResourceStatus)
+// The rows of the xDS client's tables (xds.TypeStatus, xds.ResourceStatus,
+// xds.ServerStatus)
 // as the agent encodes them. Mirrored rather than imported: pkg/xds brings
 // gRPC and the Envoy API, which would triple the size of l4xds-dbg; a test
 // keeps the mirrors in step with pkg/xds.
 const (
 	xdsStatusTable    = "xds-status"
 	xdsResourcesTable = "xds-resources"
+	xdsServersTable   = "xds-servers"
 
 	stateAcked           = "acked"
 	stateNacked          = "nacked"
@@ -64,6 +66,18 @@ type xdsTypeStatus struct {
 	Version  string
 	Nonce    string
 	Synced   bool
+	Error    string
+	Since    time.Time
+}
+
+type xdsServer struct {
+	Priority int
+	Address  string
+	Name     string
+	InUse    bool
+	State    string
+	Attempts uint64
+	Failures uint64
 	Error    string
 	Since    time.Time
 }
@@ -90,6 +104,8 @@ type xdsView struct {
 	Types []xdsTypeStatus `json:"types"`
 	// Resources is xds-resources, by type then name.
 	Resources []xdsResource `json:"resources"`
+	// Servers is xds-servers, in order of priority.
+	Servers []xdsServer `json:"servers"`
 }
 
 func readXDS(ctx context.Context, c *api.Client, settings api.Settings) (xdsView, error) {
@@ -100,7 +116,31 @@ func readXDS(ctx context.Context, c *api.Client, settings api.Settings) (xdsView
 	if err := c.Table(ctx, xdsResourcesTable, &v.Resources); err != nil {
 		return v, err
 	}
+	if err := c.Table(ctx, xdsServersTable, &v.Servers); err != nil {
+		return v, err
+	}
 	return v, nil
+}
+
+// serverLines are the servers of the list, one line each, when there are
+// several (gRFC A71).
+func (v xdsView) serverLines(now time.Time) []string {
+	if len(v.Servers) < 2 {
+		return nil
+	}
+	var lines []string
+	for _, s := range v.Servers {
+		l := fmt.Sprintf("%d. %s: %s for %s, %s, %s", s.Priority, s.Address, s.State, age(now.Sub(s.Since)),
+			plural(int(s.Attempts), "attempt", "attempts"), plural(int(s.Failures), "failure", "failures"))
+		if s.InUse {
+			l += ", in use"
+		}
+		if s.Error != "" {
+			l += ": " + oneLine(s.Error)
+		}
+		lines = append(lines, l)
+	}
+	return lines
 }
 
 // connection is the stream's state, as every row of xds-status repeats it.
@@ -113,6 +153,13 @@ func (v xdsView) connection(now time.Time) (server, state, lastError string) {
 	}
 	s := v.Types[0]
 	server = fmt.Sprintf("%s (%s)", s.Server, s.Protocol)
+	if len(v.Servers) > 1 {
+		for _, srv := range v.Servers {
+			if srv.Address == s.Server {
+				server += fmt.Sprintf(", server %d of %d", srv.Priority, len(v.Servers))
+			}
+		}
+	}
 	state = fmt.Sprintf("%s for %s, %s", s.State, age(now.Sub(s.Since)), plural(int(s.Attempts), "connection attempt", "connection attempts"))
 	return server, state, s.Error
 }
@@ -133,6 +180,18 @@ func printXDS(w io.Writer, v xdsView, now time.Time) error {
 	}
 	if err := t.flush(); err != nil {
 		return err
+	}
+	if len(v.Servers) > 1 {
+		fmt.Fprintln(w)
+		t.row("Priority", "Server", "Name", "In use", "State", "Attempts", "Failures", "Last error")
+		for _, s := range v.Servers {
+			t.row(fmt.Sprint(s.Priority), s.Address, orDash(s.Name), yesNo(s.InUse),
+				fmt.Sprintf("%s for %s", s.State, age(now.Sub(s.Since))),
+				fmt.Sprint(s.Attempts), fmt.Sprint(s.Failures), orDash(oneLine(s.Error)))
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
 	}
 	if len(v.Types) > 0 {
 		fmt.Fprintln(w)
