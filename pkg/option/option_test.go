@@ -15,6 +15,7 @@ func testFlags() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	fs.Bool("enable-xds-control-plane", false, "")
 	fs.String("xds-server-address", "", "")
+	fs.String("xds-server-name", "", "")
 	fs.String("xds-client-cert-path", "", "")
 	fs.String("xds-client-key-path", "", "")
 	fs.String("xds-ca-cert-path", "", "")
@@ -108,5 +109,22 @@ func TestLoadRejectsUnknownKeysNamingThem(t *testing.T) {
 				t.Fatalf("error %v, want it to contain %q", err, c.want)
 			}
 		})
+	}
+}
+
+// Several xDS servers (gRFC A71) are a YAML list or a comma-separated
+// string, in order of priority, and so are their names.
+func TestLoadConfigFileTakesAListOfServers(t *testing.T) {
+	file := write(t, filepath.Join(t.TempDir(), "l4xds.yaml"), `
+xds-control-plane:
+  server-address: [xds-a.example:9000, xds-b.example:9000]
+  server-name: [xds-a.example, xds-b.example]
+`)
+	got, err := Load(testFlags(), "", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["xds-server-address"] != "xds-a.example:9000,xds-b.example:9000" || got["xds-server-name"] != "xds-a.example,xds-b.example" {
+		t.Errorf("settings = %v, want the servers and names comma-separated, in order", got)
 	}
 }

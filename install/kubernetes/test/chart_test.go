@@ -453,6 +453,33 @@ serviceAccount: {create: false, name: lb-agent}`,
 				}
 			},
 		},
+		"two external servers in order of priority, one name each (gRFC A71)": {
+			values: `
+xdsControlPlane:
+  enabled: true
+  serverAddress: [xds-a.example.internal:9000, "[fd00::2]:9000"]
+  serverName: [xds-a.example.internal, xds-b.example.internal]
+  tlsSecretName: xds-client`,
+			check: func(t *testing.T, r *rendered) {
+				cm := only[*corev1.ConfigMap](t, r)
+				checkAgentConfig(t, cm.Data)
+				if cm.Data["xds-server-address"] != "xds-a.example.internal:9000,[fd00::2]:9000" ||
+					cm.Data["xds-server-name"] != "xds-a.example.internal,xds-b.example.internal" {
+					t.Errorf("ConfigMap %v: want both servers and both names, comma-separated, in order", cm.Data)
+				}
+			},
+		},
+		"two external servers comma-separated, one name for both": {
+			values: `
+xdsControlPlane: {enabled: true, serverAddress: "10.0.0.1:9000,10.0.0.2:9000", serverName: xds.example.internal, tlsSecretName: xds-client}`,
+			check: func(t *testing.T, r *rendered) {
+				cm := only[*corev1.ConfigMap](t, r)
+				checkAgentConfig(t, cm.Data)
+				if cm.Data["xds-server-address"] != "10.0.0.1:9000,10.0.0.2:9000" || cm.Data["xds-server-name"] != "xds.example.internal" {
+					t.Errorf("ConfigMap %v", cm.Data)
+				}
+			},
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			vals, err := chartutil.ReadValues([]byte(c.values))
@@ -479,6 +506,9 @@ func TestSchemaRejects(t *testing.T) {
 		{"maglevTableSize: big", "/maglevTableSize"},
 		{"xdsControlPlane: {protocol: grpc}", "/xdsControlPlane/protocol"},
 		{"xdsControlPlane: {serverAddress: no-port}", "/xdsControlPlane/serverAddress"},
+		{"xdsControlPlane: {serverAddress: 'a:9000,no-port'}", "/xdsControlPlane/serverAddress"},
+		{"xdsControlPlane: {serverAddress: ['a:9000', no-port]}", "/xdsControlPlane/serverAddress"},
+		{"xdsControlPlane: {serverAddress: []}", "/xdsControlPlane/serverAddress"},
 		{"xdsControlPlane: {resourceDoesNotExistTimeout: 15}", "/xdsControlPlane/resourceDoesNotExistTimeout"},
 		{`devices: ["eth0,eth1"]`, "/devices/0"},
 		{"datapath: xdp", "/datapath"},

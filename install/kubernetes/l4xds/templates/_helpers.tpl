@@ -59,9 +59,21 @@ reference control plane's Service when the chart runs one.
 */}}
 {{- define "l4xds.serverAddress" -}}
 {{- if .Values.xdsControlPlane.serverAddress -}}
-{{- .Values.xdsControlPlane.serverAddress -}}
+{{- include "l4xds.list" .Values.xdsControlPlane.serverAddress -}}
 {{- else if .Values.controlPlane.enabled -}}
 {{- printf "%s.%s.svc:%d" (include "l4xds.controlPlaneName" .) .Release.Namespace (int .Values.controlPlane.service.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A value that is a list or a comma-separated string, as the agent's flag
+takes it: comma-separated.
+*/}}
+{{- define "l4xds.list" -}}
+{{- if kindIs "slice" . -}}
+{{- join "," . -}}
+{{- else -}}
+{{- . -}}
 {{- end -}}
 {{- end -}}
 
