@@ -209,6 +209,19 @@ func TestStartupErrors(t *testing.T) {
 			[]string{"--enable-xds-control-plane", "--xds-insecure", "--xds-server-address", "xds.example.internal"},
 			[]string{`--xds-server-address: "xds.example.internal" is not host:port: address xds.example.internal: missing port in address`},
 		},
+		{
+			[]string{"--enable-xds-control-plane", "--xds-insecure", "--xds-server-address", "xds-a.example.internal:9000,xds-a.example.internal:9000"},
+			[]string{`--xds-server-address: "xds-a.example.internal:9000" is listed twice (servers 1 and 2)`},
+		},
+		{
+			[]string{"--enable-xds-control-plane", "--xds-insecure", "--xds-server-address", "xds-a.example.internal:9000,,xds-b.example.internal:9000"},
+			[]string{`--xds-server-address: server 2 of "xds-a.example.internal:9000,,xds-b.example.internal:9000" is empty`},
+		},
+		{
+			[]string{"--enable-xds-control-plane", "--xds-insecure", "--xds-server-address", "xds-a.example.internal:9000,xds-b.example.internal:9000,xds-c.example.internal:9000",
+				"--xds-server-name", "xds-a.example.internal,xds-b.example.internal"},
+			[]string{"--xds-server-name: 2 names for 3 servers in --xds-server-address: give one name for every server, or one per server in the same order"},
+		},
 		{[]string{"--xds-protocol", "grpc"}, []string{`--xds-protocol: "grpc" is not sotw or delta`}},
 		{[]string{"--xds-max-recv-msg-size", "0"}, []string{"--xds-max-recv-msg-size: 0 is not a positive number of bytes"}},
 		{[]string{"--xds-resource-does-not-exist-timeout", "0s"}, []string{"--xds-resource-does-not-exist-timeout: 0s is not positive"}},
