@@ -32,6 +32,8 @@ var xdsMetrics = []string{
 	"l4xds_xds_client_resource_updates_invalid_total",
 	"l4xds_xds_client_server_failure_total",
 	"l4xds_xds_client_resources",
+	"l4xds_xds_client_server_in_use",
+	"l4xds_xds_client_connection_attempts_total",
 }
 
 // A78's resource types.

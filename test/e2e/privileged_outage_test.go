@@ -221,6 +221,7 @@ func (p *phases) failures(l *flowLoop) []string {
 
 // xdsStatusRow is a row of `l4xds-dbg statedb xds-status -o json`.
 type xdsStatusRow struct {
+	Server   string
 	State    string
 	Attempts uint64
 	Synced   bool
