@@ -72,8 +72,12 @@ func TestFallbackAndReturn(t *testing.T) {
 		// The primary is tried again while the secondary serves.
 		failures := tc.serverFailuresOf(primary.addr)
 		waitFor(t, "the primary tried again", func() bool { return tc.serverFailuresOf(primary.addr) >= failures+2 })
-		if s := tc.serverRow(primary.addr); s.InUse || s.Error == "" {
-			t.Errorf("primary while down = %+v, want not in use, with its error", s)
+		if s := tc.serverRow(primary.addr); s.InUse || s.Error == "" || s.Attempts < s.Failures+1 {
+			t.Errorf("primary while down = %+v, want not in use, with its error, every failure an attempt", s)
+		}
+		// Every attempt counts, the first successful one included.
+		if got := tc.attemptsOn(primary.addr); got < failures+3 {
+			t.Errorf("attempts on the primary = %v, want at least %v", got, failures+3)
 		}
 		waitFor(t, "health OK on the secondary", func() bool {
 			return strings.HasPrefix(health.last(), "OK: connected to "+secondary.addr+", 1 types synced ("+primary.addr+": ")

@@ -26,15 +26,24 @@ import (
 // TestScript runs testdata/*.txtar: each gets a hive with this package's
 // Cell, a consumer that watches all clusters and the endpoints of each, and
 // a plaintext go-control-plane server driven by xds-server/* commands.
-// A "#! delta" first line selects the Delta protocol.
+// A "#! delta" first line selects the Delta protocol; "fallback" adds a
+// second server, after the first in --xds-server-address, driven by
+// xds-fallback/* commands (gRFC A71).
 func TestScript(t *testing.T) {
 	scripttest.Test(t, context.Background(), func(tb testing.TB, args []string) *script.Engine {
 		protocol := ProtocolSotW
 		if slices.Contains(args, "delta") {
 			protocol = ProtocolDelta
 		}
-		srv := &scriptServer{tb: tb, clusters: map[string]string{}}
+		srv := &scriptServer{tb: tb, prefix: "xds-server", clusters: map[string]string{}}
 		srv.start()
+		addresses := srv.addr
+		var fallback *scriptServer
+		if slices.Contains(args, "fallback") {
+			fallback = &scriptServer{tb: tb, prefix: "xds-fallback", clusters: map[string]string{}}
+			fallback.start()
+			addresses += "," + fallback.addr
+		}
 
 		log := hivetest.Logger(tb)
 		h := hive.New(
@@ -49,7 +58,7 @@ func TestScript(t *testing.T) {
 		)
 		hive.AddConfigOverride(h, func(c *Config) {
 			c.EnableXDSControlPlane = true
-			c.XDSServerAddress = srv.addr
+			c.XDSServerAddress = addresses
 			c.XDSInsecure = true
 			c.XDSNodeID = "node-1"
 			c.XDSProtocol = protocol
@@ -63,6 +72,9 @@ func TestScript(t *testing.T) {
 		}
 		maps.Insert(cmds, maps.All(script.DefaultCmds()))
 		maps.Insert(cmds, maps.All(srv.commands()))
+		if fallback != nil {
+			maps.Insert(cmds, maps.All(fallback.commands()))
+		}
 		return &script.Engine{Cmds: cmds}
 	}, nil, "testdata/*.txtar")
 }
@@ -97,7 +109,9 @@ func watchClustersAndEndpoints(c *Client) {
 // scriptServer keeps the resources the script set, so that a restarted
 // server serves them from its first response.
 type scriptServer struct {
-	tb        testing.TB
+	tb testing.TB
+	// prefix of its commands: xds-server, xds-fallback.
+	prefix    string
 	addr      string
 	srv       *testServer
 	clusters  map[string]string // name to tag
@@ -128,7 +142,7 @@ func (s *scriptServer) apply(ts *testServer) {
 
 func (s *scriptServer) commands() map[string]script.Cmd {
 	return map[string]script.Cmd{
-		"xds-server/clusters": script.Command(
+		s.prefix + "/clusters": script.Command(
 			script.CmdUsage{Summary: "Serve exactly these clusters", Args: "name[=tag]..."},
 			func(st *script.State, args ...string) (script.WaitFunc, error) {
 				s.clusters = map[string]string{}
@@ -141,7 +155,7 @@ func (s *scriptServer) commands() map[string]script.Cmd {
 				}
 				return nil, nil
 			}),
-		"xds-server/endpoints": script.Command(
+		s.prefix + "/endpoints": script.Command(
 			script.CmdUsage{Summary: "Serve exactly these cluster load assignments", Args: "name..."},
 			func(st *script.State, args ...string) (script.WaitFunc, error) {
 				s.endpoints = args
@@ -150,14 +164,14 @@ func (s *scriptServer) commands() map[string]script.Cmd {
 				}
 				return nil, nil
 			}),
-		"xds-server/stop": script.Command(
+		s.prefix + "/stop": script.Command(
 			script.CmdUsage{Summary: "Stop the server"},
 			func(st *script.State, args ...string) (script.WaitFunc, error) {
 				s.srv.stop()
 				s.srv = nil
 				return nil, nil
 			}),
-		"xds-server/start": script.Command(
+		s.prefix + "/start": script.Command(
 			script.CmdUsage{Summary: "Start the server again, on the same address, with the resources set"},
 			func(st *script.State, args ...string) (script.WaitFunc, error) {
 				s.start()
