@@ -25,6 +25,7 @@ var Cell = cell.Module(
 		newHiveClient,
 		(*Client).Resources,
 		(*Client).Status,
+		(*Client).Servers,
 		scriptCommands,
 	),
 )

@@ -185,7 +185,11 @@ func (c *Client) Resources() statedb.Table[*ResourceStatus] { return c.resources
 // Status is the xds-status table.
 func (c *Client) Status() statedb.Table[*TypeStatus] { return c.status }
 
-// Attempts is the number of connection attempts since Run started.
+// Servers is the xds-servers table.
+func (c *Client) Servers() statedb.Table[*ServerStatus] { return c.serverRows }
+
+// Attempts is the number of connection attempts since Run started, to every
+// server, including the checks whether a higher server delivers again.
 func (c *Client) Attempts() uint64 { return c.attempts.Load() }
 
 // Watch subscribes to a type and sends its updates to h. A wildcard watch

@@ -217,14 +217,16 @@ func (c *Client) updateServer(srv *managementServer, change func(*managementServ
 	return prev
 }
 
-// use makes srv the server in use; the others are not.
+// use makes srv the server in use; the others are not. The servers below it
+// are not needed (standby), whether they failed last or not; the ones above
+// it keep their state: they failed, and are tried again.
 func (c *Client) use(srv *managementServer) {
 	c.current = srv
 	c.metrics.use(srv.address)
 	for _, s := range c.servers {
 		c.updateServer(s, func(s *managementServer) {
 			s.inUse = s == srv
-			if s.index > srv.index && s.state != ConnBackoff {
+			if s.index > srv.index {
 				s.setState(ConnStandby)
 			}
 		})
@@ -251,15 +253,15 @@ func (s *managementServer) row() *ServerStatus {
 }
 
 // serverErrors lists "address: error" of each of the first upTo servers
-// whose last attempt failed, also while it is tried again, in order of
-// priority: what health says when no server, or only a lower one, is in
-// use.
+// whose last attempt failed, also while it is tried again or on standby, in
+// order of priority: what health says when no server, or only a lower one,
+// is in use.
 func (c *Client) serverErrors(upTo int) string {
 	c.srvMu.Lock()
 	defer c.srvMu.Unlock()
 	var errs []string
 	for _, s := range c.servers[:upTo] {
-		if s.err != nil && (s.state == ConnBackoff || s.state == ConnConnecting) {
+		if s.err != nil && s.state != ConnConnected {
 			errs = append(errs, fmt.Sprintf("%s: %s", s.address, s.err))
 		}
 	}
