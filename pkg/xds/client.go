@@ -466,9 +466,10 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 	if srv.index > 0 {
 		higher = make(chan *managementServer)
 		probing := make(chan struct{})
+		reqs := c.probeRequests() // here: the run loop owns the types
 		go func() {
 			defer close(probing)
-			c.returnToHigher(sctx, srv, c.probeRequests(), higher)
+			c.returnToHigher(sctx, srv, reqs, higher)
 		}()
 		defer func() { <-probing }() // after cancel: its rows are final
 	}
