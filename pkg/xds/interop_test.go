@@ -194,14 +194,16 @@ func (a *agent) wait(t *testing.T, what, want string) {
 
 // acked checks that the cluster and its CLA are ACKed, the type status has
 // no error, and nothing was NACKed.
+// acked waits until the cluster and the endpoints of name are acked: the
+// client writes their rows once the handler, which wrote the tables
+// lb.wait saw, has returned.
 func (a *agent) acked(t *testing.T, name string) {
 	t.Helper()
-	txn := a.db.ReadTxn()
 	for _, typ := range []string{xds.ClusterType, xds.EndpointType} {
-		r, _, _ := a.client.Resources().Get(txn, xds.ResourceByName(typ, name))
-		if r == nil || r.State != xds.StateAcked || r.Error != "" {
-			t.Errorf("%s %s = %+v, want acked", xds.ShortTypeName(typ), name, r)
-		}
+		waitFor(t, xds.ShortTypeName(typ)+" "+name+" acked", func() bool {
+			r, _, _ := a.client.Resources().Get(a.db.ReadTxn(), xds.ResourceByName(typ, name))
+			return r != nil && r.State == xds.StateAcked && r.Error == ""
+		})
 	}
 }
 
