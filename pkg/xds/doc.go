@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package xds is a generic xDS client: one Aggregated Discovery Service
-// stream (State of the World or Delta) to one management server, over gRPC
-// with mutual TLS.
+// stream (State of the World or Delta) at a time, over gRPC with mutual TLS,
+// to the first of an ordered list of management servers that delivers, with
+// fallback to the next and return to a higher one after gRFC A71
+// (fallback.go).
 //
 // It owns the transport (TLS files re-read at every connection, reconnect
 // with exponential backoff), the protocol state machine (ACK and NACK, nonces,
