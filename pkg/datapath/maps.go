@@ -308,6 +308,15 @@ func (m *Maps) MaglevTable(svcID uint32) (table []uint32, ok bool, err error) {
 	return table, true, nil
 }
 
+// MaglevServiceIDs returns the IDs of the services that have a Maglev
+// table in l4xds_maglev: one that no service of l4xds_services has is a
+// table the agent left behind.
+func (m *Maps) MaglevServiceIDs() ([]uint32, error) {
+	// From user space a map-in-map's value is the inner map's ID.
+	ids, _, err := collect[uint32, uint32](m.maglev)
+	return ids, err
+}
+
 // ServiceStats returns a service's counters summed over the CPUs.
 func (m *Maps) ServiceStats(svcID uint32) (Stats, error) {
 	var perCPU []bpf.L4xdsLbStats

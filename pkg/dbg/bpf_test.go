@@ -116,9 +116,10 @@ Frontend               Service   Backend                    State         Slots 
 					beEntry(1, "192.168.1.10:80", lb.BackendStateActive, 2),
 					beEntry(5, "192.168.1.99:80", lb.BackendStateActive, 42),
 				},
-				ranges: []datapath.SourceRangeEntry{{ServiceID: 2, Prefix: netip.MustParsePrefix("10.0.0.0/8")}},
-				maglev: map[uint32][]uint32{2: maglevTable(map[uint32]int{1: 3, 6: 4})},
-				stats:  map[uint32]datapath.Stats{},
+				ranges:    []datapath.SourceRangeEntry{{ServiceID: 2, Prefix: netip.MustParsePrefix("10.0.0.0/8")}},
+				maglev:    map[uint32][]uint32{2: maglevTable(map[uint32]int{1: 3, 6: 4})},
+				maglevIDs: []uint32{9, 2},
+				stats:     map[uint32]datapath.Stats{},
 			},
 			want: `
 Frontend          Service   Backend                  State    Slots   Share
@@ -128,6 +129,7 @@ Frontend          Service   Backend                  State    Slots   Share
                             0 packets, 0 bytes, drops: none
 1 service, 1 backend
 ! backend 192.168.1.99:80 (id 5, active) belongs to service 42, which is not in the map
+! a Maglev table of service 9, which is not in the map
 `,
 		},
 		{

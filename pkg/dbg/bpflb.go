@@ -47,8 +47,11 @@ type lbMaps struct {
 	services []datapath.ServiceEntry
 	backends []datapath.BackendEntry
 	ranges   []datapath.SourceRangeEntry
-	// maglev holds the table of each service that has one.
-	maglev map[uint32][]uint32
+	// maglev holds the table of each service that has one; maglevIDs
+	// are the services the Maglev map has a table of, with or without a
+	// service.
+	maglev    map[uint32][]uint32
+	maglevIDs []uint32
 	// stats by service ID; 0 holds the drops charged to no service.
 	stats map[uint32]datapath.Stats
 }
@@ -72,6 +75,10 @@ func readLB(m *datapath.Maps) (lbMaps, error) {
 			return in, err
 		}
 		in.ranges = append(in.ranges, r)
+	}
+	var err error
+	if in.maglevIDs, err = m.MaglevServiceIDs(); err != nil {
+		return in, err
 	}
 	ids := []uint32{0}
 	for _, s := range in.services {
@@ -105,6 +112,9 @@ type lbList struct {
 	UnchargedDrops map[string]uint64 `json:"unchargedDrops,omitempty"`
 	// OrphanBackends belong to no service of the map.
 	OrphanBackends []lbBackend `json:"orphanBackends,omitempty"`
+	// OrphanMaglevTables are the IDs of services that are not in the map
+	// but still have a Maglev table: each one holds a kernel map.
+	OrphanMaglevTables []uint32 `json:"orphanMaglevTables,omitempty"`
 }
 
 type lbService struct {
@@ -170,6 +180,11 @@ func newLBList(in lbMaps) lbList {
 		for _, b := range sortedBackends(bySvc[id]) {
 			list.OrphanBackends = append(list.OrphanBackends,
 				lbBackend{Address: b.Address.String(), ID: b.ID, State: b.State.String(), ServiceID: id})
+		}
+	}
+	for _, id := range slices.Sorted(slices.Values(in.maglevIDs)) {
+		if !known[id] {
+			list.OrphanMaglevTables = append(list.OrphanMaglevTables, id)
 		}
 	}
 	list.UnchargedDrops = drops(in.stats[0])
@@ -317,6 +332,9 @@ func printLBList(w io.Writer, list lbList) error {
 	fmt.Fprintln(w)
 	for _, b := range list.OrphanBackends {
 		fmt.Fprintf(w, "! backend %s (id %d, %s) belongs to service %d, which is not in the map\n", b.Address, b.ID, b.State, b.ServiceID)
+	}
+	for _, id := range list.OrphanMaglevTables {
+		fmt.Fprintf(w, "! a Maglev table of service %d, which is not in the map\n", id)
 	}
 	return nil
 }

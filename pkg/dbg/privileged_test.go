@@ -219,6 +219,9 @@ func TestPrivilegedLBListShowsWhatTheReconcilerWrote(t *testing.T) {
 	if v6 := got["[2001:db8::1]:3306/TCP"]; len(v6.Backends) != 1 || v6.Backends[0].Slots != 1021 {
 		t.Errorf("[2001:db8::1]:3306/TCP: %+v, want its IPv6 backend alone with every slot", v6)
 	}
+	if len(list.OrphanBackends)+len(list.OrphanMaglevTables) > 0 {
+		t.Errorf("orphans in maps the reconciler alone wrote: backends %+v, Maglev tables of services %v", list.OrphanBackends, list.OrphanMaglevTables)
+	}
 	if sick := got["10.1.2.9:53/UDP"]; sick.TakesNewFlows || len(sick.Backends) != 1 || sick.Backends[0].State != "quarantined" {
 		t.Errorf("10.1.2.9:53/UDP: %+v, want its quarantined backend and no new flows", sick)
 	}

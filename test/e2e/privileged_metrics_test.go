@@ -4,18 +4,14 @@ package e2e
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/l4xds/l4xds/test/netns"
 )
 
 // The datapath's metrics (with --datapath=bpf).
@@ -36,45 +32,13 @@ var datapathMetrics = []string{
 const metricsInLB = "127.0.0.1:9962"
 
 // nsHTTPClient is an HTTP client whose connections are made inside network
-// namespace ns: a socket belongs to the namespace it was created in, so the
-// thread enters ns for the socket() and connect() only.
+// namespace ns.
 func nsHTTPClient(ns string) *http.Client {
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return dialInNS(ctx, ns, network, addr)
+			return netns.Dial(ctx, ns, network, addr)
 		},
 	}}
-}
-
-func dialInNS(ctx context.Context, ns, network, addr string) (net.Conn, error) {
-	target, err := os.Open(filepath.Join("/run/netns", ns))
-	if err != nil {
-		return nil, err
-	}
-	defer target.Close()
-	runtime.LockOSThread()
-	self, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return nil, err
-	}
-	defer self.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("enter namespace %s: %w", ns, err)
-	}
-	var d net.Dialer
-	conn, dialErr := d.DialContext(ctx, network, addr)
-	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-		// The thread stays locked, and ends with its goroutine: no other
-		// goroutine runs in the wrong namespace.
-		if conn != nil {
-			conn.Close()
-		}
-		return nil, errors.Join(dialErr, fmt.Errorf("leave namespace %s: %w", ns, err))
-	}
-	runtime.UnlockOSThread()
-	return conn, dialErr
 }
 
 // restartAgentWithMetrics replaces the environment's agent by one with the
