@@ -5,7 +5,7 @@ BIN      := bin
 BINARIES := l4xds-agent l4xds-dbg l4xds-control-plane
 PKGS     := ./...
 
-.PHONY: all build test test-cilium test-kind bench fuzz generate demo demo-cilium docs lint clean
+.PHONY: all build test test-cilium test-kind soak bench fuzz generate demo demo-cilium docs lint clean
 
 all: build
 
@@ -37,6 +37,16 @@ test-cilium: build
 # (test/kind/README.md). Root only; it skips with a message otherwise.
 test-kind:
 	./test/kind/run.sh
+
+# The soak test (test/soak): live TCP and UDP traffic through several VIPs
+# while the control plane rewrites its resources several times a second and
+# is restarted, and the agent is SIGKILLed, at random moments; it prints
+# SOAK lines of figures. `make test` runs it for two minutes (root only);
+# this target for SOAK_DURATION (SOAK_SEED replays a run's churn). No go
+# test timeout: the run bounds each of its phases itself.
+SOAK_DURATION ?= 10m
+soak: build
+	SOAK_DURATION=$(SOAK_DURATION) L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run '^TestPrivilegedSoak$$' -timeout 0 ./test/soak
 
 # Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of

@@ -378,6 +378,8 @@ func checkResources(t *testing.T, samples []sample, failed int, begin, end time.
 			t.Error(err)
 		}
 	}
+	first, last := summarise(samples, heapMetric, begin, begin.Add(q)), summarise(samples, heapMetric, end.Add(-q), end)
+	lines = append(lines, fmt.Sprintf("%s (not compared) first quarter %.0f..%.0f, last %.0f..%.0f", heapMetric, first.min, first.max, last.min, last.max))
 	report(t, "agent (%d scrapes, %d while it was down): %s", len(samples), failed, strings.Join(lines, "; "))
 }
 
