@@ -147,7 +147,15 @@ func TestPrivilegedSoak(t *testing.T) {
 	var samples []sample
 	failedScrapes := 0
 	end := begin.Add(duration)
+	nextProgress := begin.Add(5 * time.Minute)
 	for tick := time.NewTicker(every); time.Now().Before(end); <-tick.C {
+		if now := time.Now(); now.After(nextProgress) {
+			// A long run says how it goes.
+			flows, answered, failed := c.counts()
+			t.Logf("after %s: %s, %d answered, %d failed; control plane restarts %d, agent SIGKILLs %d",
+				now.Sub(begin).Round(time.Minute), countsLine(flows), answered, len(failed), h.restarts("control plane"), h.restarts("agent"))
+			nextProgress = nextProgress.Add(5 * time.Minute)
+		}
 		if s, err := scr.scrape(); err == nil {
 			samples = append(samples, s)
 		} else {
