@@ -149,25 +149,3 @@ func (e *env) mapsDiffer(table map[string][]string) (problems []string, fig maps
 	}
 	return problems, fig, nil
 }
-
-// ctList is what `l4xds-dbg bpf ct list -o json` prints.
-type ctList struct {
-	Entries []struct {
-		Direction, Protocol, Client, Frontend, Backend string
-		Flags                                          []string
-		Expired                                        bool
-	}
-	Expired int
-}
-
-func (e *env) ctList() (ctList, error) {
-	var l ctList
-	raw, _, err := e.dbgJSON("bpf", "ct", "list", "--bpf-root", e.bpfRoot)
-	if err == nil && len(raw) != 1 {
-		err = fmt.Errorf("l4xds-dbg bpf ct list printed %d values, want 1", len(raw))
-	}
-	if err == nil {
-		err = json.Unmarshal(raw[0], &l)
-	}
-	return l, err
-}
