@@ -61,7 +61,7 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 		return nil, nil
 	}
 
-	ops := newOps(p.Log, p.DB, p.Frontends, uint32(p.Config.LBMaglevTableSize))
+	ops := newOps(p.Log, p.DB, p.Frontends, p.Config.capacity())
 	ops.written = p.Hooks.Written
 	var dp *Datapath
 	p.Lifecycle.Append(cell.Hook{

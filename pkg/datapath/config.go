@@ -20,23 +20,39 @@ type Config struct {
 	Devices           []string
 	BPFRoot           string
 	LBMaglevTableSize uint
+	// LBServiceMapMax and LBBackendMapMax size the service map (and those
+	// keyed by service: Maglev tables, VIPs) and the backend map.
+	LBServiceMapMax uint
+	LBBackendMapMax uint
 }
 
 // MaxMaglevTableSize bounds --lb-maglev-table-size: every service holds a
 // table of that many backend IDs in kernel memory (512 KiB each at this size).
 const MaxMaglevTableSize = 131071
 
+// The bounds of --lb-service-map-max and --lb-backend-map-max: a service ID
+// indexes the stats array (65536 slots, 0 reserved); 2^24 backends take
+// over a GiB of kernel memory.
+const (
+	MaxServiceMapMax = 1 << 16
+	MaxBackendMapMax = 1 << 24
+)
+
 var DefaultConfig = Config{
 	Datapath:          "bpf",
 	BPFRoot:           "/sys/fs/bpf",
 	LBMaglevTableSize: 1021,
+	LBServiceMapMax:   1 << 16,
+	LBBackendMapMax:   1 << 20,
 }
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("datapath", def.Datapath, "Datapath that forwards the frontends: bpf or none (tables only)")
 	flags.StringSlice("devices", def.Devices, "Interfaces the datapath attaches to; auto: those up with a global unicast address at start (the uplink and a CNI bridge)")
 	flags.String("bpf-root", def.BPFRoot, "Mount point of the BPF filesystem; maps are pinned under <bpf-root>/l4xds")
-	flags.Uint("lb-maglev-table-size", def.LBMaglevTableSize, "Size of each service's Maglev lookup table (a prime)")
+	flags.Uint("lb-maglev-table-size", def.LBMaglevTableSize, "Size of each service's Maglev lookup table (a prime); a service's usable backends must fit in it")
+	flags.Uint("lb-service-map-max", def.LBServiceMapMax, "Entries of the service map: the most frontends (VIP, port, protocol) the datapath serves")
+	flags.Uint("lb-backend-map-max", def.LBBackendMapMax, "Entries of the backend map: the most backends the datapath holds, counted per frontend")
 }
 
 // Validate reports the first bad setting, naming its flag.
@@ -53,7 +69,31 @@ func (c Config) Validate() error {
 	if !isPrime(c.LBMaglevTableSize) {
 		return fmt.Errorf("--lb-maglev-table-size: %d is not a prime", c.LBMaglevTableSize)
 	}
+	if c.LBServiceMapMax < 1 || c.LBServiceMapMax > MaxServiceMapMax {
+		return fmt.Errorf("--lb-service-map-max: %d is not in 1..%d", c.LBServiceMapMax, MaxServiceMapMax)
+	}
+	if c.LBBackendMapMax < 1 || c.LBBackendMapMax > MaxBackendMapMax {
+		return fmt.Errorf("--lb-backend-map-max: %d is not in 1..%d", c.LBBackendMapMax, MaxBackendMapMax)
+	}
 	return nil
+}
+
+// capacity is what the maps hold, as configured: the reconciler refuses a
+// frontend that does not fit, with an error naming the flag, rather than
+// leaving it half written.
+type capacity struct {
+	// services and backends are the numbers of IDs: service IDs are
+	// 1..services, backend IDs 1..backends.
+	services, backends uint32
+	maglevSize         uint32
+}
+
+func (c Config) capacity() capacity {
+	return capacity{
+		services:   uint32(min(c.LBServiceMapMax, MaxServiceID)),
+		backends:   uint32(c.LBBackendMapMax),
+		maglevSize: uint32(c.LBMaglevTableSize),
+	}
 }
 
 func isPrime(n uint) bool {

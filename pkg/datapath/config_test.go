@@ -13,13 +13,19 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		want string
 	}{
 		{DefaultConfig, ""},
-		{Config{Datapath: "bpf", LBMaglevTableSize: 16381}, ""},
-		{Config{Datapath: "xdp", LBMaglevTableSize: 1021}, `--datapath: "xdp" is not bpf or none`},
-		{Config{Datapath: "none", LBMaglevTableSize: 1000}, "--lb-maglev-table-size: 1000 is not a prime"},
-		{Config{Datapath: "none", LBMaglevTableSize: 1}, "--lb-maglev-table-size: 1 is not a prime"},
-		{Config{Datapath: "none", LBMaglevTableSize: 131071}, ""},
-		{Config{Datapath: "none", LBMaglevTableSize: 131101}, "--lb-maglev-table-size: 131101 is larger than 131071"},
-		{Config{Datapath: "none", LBMaglevTableSize: 1 << 40}, "--lb-maglev-table-size: 1099511627776 is larger than 131071"}, // checked before primality
+		{withMaglev("bpf", 16381), ""},
+		{withMaglev("xdp", 1021), `--datapath: "xdp" is not bpf or none`},
+		{withMaglev("none", 1000), "--lb-maglev-table-size: 1000 is not a prime"},
+		{withMaglev("none", 1), "--lb-maglev-table-size: 1 is not a prime"},
+		{withMaglev("none", 131071), ""},
+		{withMaglev("none", 131101), "--lb-maglev-table-size: 131101 is larger than 131071"},
+		{withMaglev("none", 1 << 40), "--lb-maglev-table-size: 1099511627776 is larger than 131071"}, // checked before primality
+		{withMaps(0, 1<<20), "--lb-service-map-max: 0 is not in 1..65536"},
+		{withMaps(1<<16+1, 1<<20), "--lb-service-map-max: 65537 is not in 1..65536"},
+		{withMaps(1, 1), ""},
+		{withMaps(1<<16, 0), "--lb-backend-map-max: 0 is not in 1..16777216"},
+		{withMaps(1<<16, 1<<24+1), "--lb-backend-map-max: 16777217 is not in 1..16777216"},
+		{withMaps(1<<16, 1<<24), ""},
 	} {
 		err := c.cfg.Validate()
 		if (err == nil) != (c.want == "") || (err != nil && !strings.Contains(err.Error(), c.want)) {
@@ -28,8 +34,37 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 	}
 }
 
+func withMaglev(datapath string, size uint) Config {
+	c := DefaultConfig
+	c.Datapath, c.LBMaglevTableSize = datapath, size
+	return c
+}
+
+func withMaps(services, backends uint) Config {
+	c := DefaultConfig
+	c.LBServiceMapMax, c.LBBackendMapMax = services, backends
+	return c
+}
+
+// The capacity at the largest service map leaves out service ID 65536,
+// which the stats array has no slot for.
+func TestConfigCapacity(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want capacity
+	}{
+		{DefaultConfig, capacity{services: 65535, backends: 1 << 20, maglevSize: 1021}},
+		{withMaps(2, 3), capacity{services: 2, backends: 3, maglevSize: 1021}},
+	} {
+		if got := c.cfg.capacity(); got != c.want {
+			t.Errorf("%+v: capacity %+v, want %+v", c.cfg, got, c.want)
+		}
+	}
+}
+
 func TestConfigDefaultsToTheBPFDatapath(t *testing.T) {
-	if DefaultConfig.Datapath != "bpf" || DefaultConfig.BPFRoot != "/sys/fs/bpf" || DefaultConfig.LBMaglevTableSize != 1021 {
-		t.Errorf("defaults %+v, want --datapath=bpf --bpf-root=/sys/fs/bpf --lb-maglev-table-size=1021", DefaultConfig)
+	if DefaultConfig.Datapath != "bpf" || DefaultConfig.BPFRoot != "/sys/fs/bpf" || DefaultConfig.LBMaglevTableSize != 1021 ||
+		DefaultConfig.LBServiceMapMax != 65536 || DefaultConfig.LBBackendMapMax != 1<<20 {
+		t.Errorf("defaults %+v, want --datapath=bpf --bpf-root=/sys/fs/bpf --lb-maglev-table-size=1021 --lb-service-map-max=65536 --lb-backend-map-max=1048576 (the sizes of the maps before these flags)", DefaultConfig)
 	}
 }

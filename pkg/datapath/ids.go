@@ -10,12 +10,10 @@ import (
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
 )
 
-// Ranges of the IDs (bpf/l4xds.h): service 0 is the stats slot of what no
-// service can be charged with, backend 0 is never used.
-const (
-	MaxServiceID = 1<<16 - 1
-	MaxBackendID = 1<<20 - 1
-)
+// MaxServiceID is the highest service ID: the stats array has 65536 slots,
+// and slot 0 is for what no service can be charged with. Backend IDs go up
+// to --lb-backend-map-max; backend 0 is never used.
+const MaxServiceID = 1<<16 - 1
 
 // idPool hands out the IDs 1..max. The next ID is the first free one after
 // the last handed out, wrapping, so that a just-freed ID is not reused at
@@ -62,6 +60,9 @@ func (p *idPool) reserve(id uint32) error {
 }
 
 func (p *idPool) release(id uint32) { delete(p.used, id) }
+
+// free is the number of IDs not in use.
+func (p *idPool) free() int { return max(int(p.max)-len(p.used), 0) }
 
 // service is what the maps hold for one frontend, as far as the agent
 // knows: written by the reconciler, or restored from the pinned maps.
@@ -123,10 +124,10 @@ type registry struct {
 	vips map[netip.Addr]uint32
 }
 
-func newRegistry() *registry {
+func newRegistry(c capacity) *registry {
 	return &registry{
-		serviceIDs: newIDPool(MaxServiceID),
-		backendIDs: newIDPool(MaxBackendID),
+		serviceIDs: newIDPool(c.services),
+		backendIDs: newIDPool(c.backends),
 		services:   map[lb.L3n4Addr]*service{},
 		byID:       map[uint32]*service{},
 		vips:       map[netip.Addr]uint32{},

@@ -98,7 +98,7 @@ func snapshotOf(r *registry) snapshot {
 
 func restored(t *testing.T, s snapshot) *registry {
 	t.Helper()
-	r := newRegistry()
+	r := newRegistry(DefaultConfig.capacity())
 	for i := range s.svcKeys {
 		if err := r.restoreService(s.svcKeys[i], s.svcs[i]); err != nil {
 			t.Fatal(err)
@@ -118,7 +118,7 @@ func restored(t *testing.T, s snapshot) *registry {
 }
 
 func TestRegistryRestoresTheSameIDs(t *testing.T) {
-	r := newRegistry()
+	r := newRegistry(DefaultConfig.capacity())
 	frontends := []lb.L3n4Addr{fe("10.1.2.3:3306/TCP"), fe("10.1.2.3:53/UDP"), fe("[2001:db8::1]:53/UDP")}
 	backends := []netip.AddrPort{netip.MustParseAddrPort("192.168.1.10:3306"), netip.MustParseAddrPort("192.168.1.11:3306")}
 	svcIDs := map[lb.L3n4Addr]uint32{}
@@ -176,7 +176,7 @@ func TestRegistryRestoresTheSameIDs(t *testing.T) {
 }
 
 func TestRegistryFreesIDsAndLeavesOrphansToPrune(t *testing.T) {
-	r := newRegistry()
+	r := newRegistry(DefaultConfig.capacity())
 	svc, _, _ := r.service(fe("10.1.2.3:80/TCP"))
 	a := netip.MustParseAddrPort("192.168.1.10:80")
 	be, _ := r.backend(svc, a)

@@ -86,6 +86,12 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	}
 	inner := spec.Maps[bpf.L4xdsMapL4xdsMaglev].InnerMap
 	inner.MaxEntries = size
+	// The maps keyed by service (or by VIP, of which there are no more
+	// than services) hold --lb-service-map-max entries.
+	for _, name := range []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsMaglev, bpf.L4xdsMapL4xdsVips} {
+		spec.Maps[name].MaxEntries = uint32(cfg.LBServiceMapMax)
+	}
+	spec.Maps[bpf.L4xdsMapL4xdsBackends].MaxEntries = uint32(cfg.LBBackendMapMax)
 	d := &Datapath{dir: dir}
 	if d.staged, err = incompatiblePins(log, spec, dir); err != nil {
 		return nil, err
@@ -199,7 +205,8 @@ func mapByName(objs *bpf.L4xdsMaps, name string) (*ebpf.Map, error) {
 }
 
 // incompatiblePins names the pinned maps whose layout differs from spec (a
-// new agent version, or --lb-maglev-table-size changed): the load makes
+// new agent version, or --lb-maglev-table-size, --lb-service-map-max or
+// --lb-backend-map-max changed): the load makes
 // them anew, and the reconciler writes their entries again.
 func incompatiblePins(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) ([]string, error) {
 	var names []string

@@ -20,7 +20,9 @@ import (
 )
 
 func testConfig(root string, devices ...string) Config {
-	return Config{Datapath: "bpf", BPFRoot: root, Devices: devices, LBMaglevTableSize: 1021}
+	c := DefaultConfig
+	c.BPFRoot, c.Devices = root, devices
+	return c
 }
 
 func load(t *testing.T, cfg Config) *Datapath {

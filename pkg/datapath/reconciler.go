@@ -21,10 +21,10 @@ import (
 // ops reconciles the frontends table into the maps. The statedb reconciler
 // calls it from one goroutine, so the registry needs no lock.
 type ops struct {
-	log        *slog.Logger
-	db         *statedb.DB
-	frontends  statedb.Table[*lb.Frontend]
-	maglevSize uint32
+	log       *slog.Logger
+	db        *statedb.DB
+	frontends statedb.Table[*lb.Frontend]
+	capacity  capacity
 
 	// maps is set, and the registry restored, by restore (or useFake)
 	// before the reconciler starts; pinned is nil with fake maps.
@@ -53,8 +53,8 @@ var (
 	_ reconciler.BatchOperations[*lb.Frontend] = (*ops)(nil)
 )
 
-func newOps(log *slog.Logger, db *statedb.DB, frontends statedb.Table[*lb.Frontend], maglevSize uint32) *ops {
-	return &ops{log: log, db: db, frontends: frontends, maglevSize: maglevSize, listed: map[netip.AddrPort]struct{}{}}
+func newOps(log *slog.Logger, db *statedb.DB, frontends statedb.Table[*lb.Frontend], c capacity) *ops {
+	return &ops{log: log, db: db, frontends: frontends, capacity: c, listed: map[netip.AddrPort]struct{}{}}
 }
 
 // restore reads the IDs and entries of the pinned maps, so that the
@@ -62,7 +62,7 @@ func newOps(log *slog.Logger, db *statedb.DB, frontends statedb.Table[*lb.Fronte
 // logged and left to Prune.
 func (o *ops) restore(maps *Maps) error {
 	o.maps, o.pinned = maps, maps
-	o.reg = newRegistry()
+	o.reg = newRegistry(o.capacity)
 	var skipped []error
 	keys, values, err := collect[bpf.L4xdsLbSvcKey, bpf.L4xdsLbSvc](maps.services)
 	if err != nil {
@@ -103,7 +103,7 @@ func (o *ops) restore(maps *Maps) error {
 // useFake makes the reconciler write into f, starting from nothing.
 func (o *ops) useFake(f *FakeMaps) {
 	o.maps, o.pinned = f, nil
-	o.reg = newRegistry()
+	o.reg = newRegistry(o.capacity)
 }
 
 // ready waits until the frontends table is initialized (the first full
@@ -212,6 +212,9 @@ func (o *ops) prepare(st *step) (err error) {
 	d := &o.desired
 	d.set(fe)
 	o.maglev.reset()
+	if err := o.fits(fe.Address, d); err != nil {
+		return err
+	}
 	svc, isNew, err := o.reg.service(fe.Address)
 	if err != nil {
 		return err
@@ -293,13 +296,13 @@ func (o *ops) prepare(st *step) (err error) {
 	if svc.table == tableNone {
 		// A new table is built, not only made, while the reconciler goes
 		// on: the build is most of a new service's time here.
-		if err := o.maps.buildMaglev(svc.id, &o.maglev, o.maglevSize); err != nil {
+		if err := o.maps.buildMaglev(svc.id, &o.maglev, o.capacity.maglevSize); err != nil {
 			return err
 		}
 		st.newTable = true
 		return nil
 	}
-	table := o.maglev.build(o.maglevSize)
+	table := o.maglev.build(o.capacity.maglevSize)
 	found, err := o.maps.rewriteMaglev(svc.id, table)
 	if err != nil {
 		return err
@@ -312,6 +315,40 @@ func (o *ops) prepare(st *step) (err error) {
 		return err
 	}
 	st.newTable = true
+	return nil
+}
+
+// fits reports why a frontend's desired state does not fit the maps, before
+// anything of it is allocated or written: what serves already keeps serving
+// as it was, and the reconciler retries the frontend once room is made.
+// Backends a change drops are freed after its new ones are written, so a
+// change needs room for the new ones first.
+func (o *ops) fits(addr lb.L3n4Addr, d *desiredService) error {
+	svc := o.reg.services[addr]
+	if svc == nil && o.reg.serviceIDs.free() == 0 {
+		return fmt.Errorf("the service map is full: it holds %d frontends; --lb-service-map-max raises the limit", o.capacity.services)
+	}
+	if d.usable > int(o.capacity.maglevSize) {
+		return fmt.Errorf("%d usable backends do not fit a Maglev table of %d slots; --lb-maglev-table-size raises it (a prime)", d.usable, o.capacity.maglevSize)
+	}
+	free := o.reg.backendIDs.free()
+	if len(d.backends) <= free {
+		return nil
+	}
+	added := 0
+	for _, want := range d.backends {
+		if svc == nil {
+			added = len(d.backends)
+			break
+		}
+		if _, ok := svc.backends[want.addr]; !ok {
+			added++
+		}
+	}
+	if added > free {
+		return fmt.Errorf("%d new backends do not fit the backend map: %d of its %d entries are free; --lb-backend-map-max raises the limit",
+			added, free, o.capacity.backends)
+	}
 	return nil
 }
 

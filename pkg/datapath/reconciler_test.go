@@ -383,7 +383,7 @@ func restoredOps(t *testing.T, dp *Datapath) (*ops, *statedb.DB) {
 		t.Fatal(err)
 	}
 	log, _ := testLogger(t)
-	o := newOps(log, db, w.Frontends(), 1021)
+	o := newOps(log, db, w.Frontends(), DefaultConfig.capacity())
 	if err := o.restore(dp.Maps); err != nil {
 		t.Fatal(err)
 	}
