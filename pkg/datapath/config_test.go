@@ -19,7 +19,7 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		{withMaglev("none", 1), "--lb-maglev-table-size: 1 is not a prime"},
 		{withMaglev("none", 131071), ""},
 		{withMaglev("none", 131101), "--lb-maglev-table-size: 131101 is larger than 131071"},
-		{withMaglev("none", 1 << 40), "--lb-maglev-table-size: 1099511627776 is larger than 131071"}, // checked before primality
+		{withMaglev("none", 1<<40), "--lb-maglev-table-size: 1099511627776 is larger than 131071"}, // checked before primality
 		{withMaps(0, 1<<20), "--lb-service-map-max: 0 is not in 1..65536"},
 		{withMaps(1<<16+1, 1<<20), "--lb-service-map-max: 65537 is not in 1..65536"},
 		{withMaps(1, 1), ""},
