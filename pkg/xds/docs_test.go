@@ -12,8 +12,11 @@ import (
 
 	"github.com/cilium/statedb"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // recordingStream keeps the requests the client sends.
@@ -44,6 +47,16 @@ func TestDocsNACKMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	deep, err := anypb.New(&clusterv3.Cluster{Name: "db", Metadata: &corev3.Metadata{
+		FilterMetadata: map[string]*structpb.Struct{"io.cilium.l4lb": nestedStruct(40)},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	longNamed, err := anypb.New(&clusterv3.Cluster{Name: "db" + strings.Repeat("x", 64<<10-2)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name string
 		raw  rawResource
@@ -61,6 +74,12 @@ func TestDocsNACKMessages(t *testing.T) {
 			`cluster "db": resource of type type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment in a response of type type.googleapis.com/envoy.config.cluster.v3.Cluster`},
 		{"undecodable", rawResource{any: &anypb.Any{TypeUrl: ClusterType, Value: []byte{0xff}}}, nil, nil,
 			"cluster #0: cannot decode type.googleapis.com/envoy.config.cluster.v3.Cluster: "},
+		{"undecodable, named", rawResource{any: &anypb.Any{TypeUrl: ClusterType, Value: append(mustMarshal(t, &clusterv3.Cluster{Name: "db"}), 0xff)}}, nil, nil,
+			`cluster "db": cannot decode type.googleapis.com/envoy.config.cluster.v3.Cluster: `},
+		{"nested too deep", rawResource{any: deep}, nil, nil,
+			`cluster "db": cannot decode type.googleapis.com/envoy.config.cluster.v3.Cluster: `},
+		{"name too long", rawResource{any: longNamed}, nil, nil,
+			`cluster "dbxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"... (65536 bytes): resources[0]: the name of 65536 bytes is longer than 4096`},
 		{"duplicate", rawResource{any: namedCluster}, []rawResource{{any: namedCluster}}, nil,
 			`cluster "db": resources[1]: duplicate of resources[0], the one applied`},
 		{"sent and removed", rawResource{name: "db", any: namedCluster}, nil, []string{"db"},
@@ -97,4 +116,13 @@ func TestDocsNACKMessages(t *testing.T) {
 			}
 		})
 	}
+}
+
+func mustMarshal(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -13,8 +13,14 @@ import (
 	"strings"
 	"time"
 
+	"unicode/utf8"
+
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // typeState is the run loop's view of one watched type: the subscription,
@@ -196,7 +202,13 @@ func (c *Client) decode(ts *typeState, resp *response, a *applied) {
 			// Which cached resource this is cannot be known, so a sweep
 			// could delete a resource that the server still has (A46).
 			a.sweepSafe = false
-			a.rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s #%d: %s", KindName(ts.url), i, err)
+			a.rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s #%d: %s", KindName(ts.url), i, clip(err.Error()))
+			continue
+		}
+		if len(name) > MaxNameLength {
+			// No cached resource has such a name: the sweep stays safe.
+			a.rejected["#"+strconv.Itoa(i)] = fmt.Sprintf("%s %s: resources[%d]: the name of %d bytes is longer than %d",
+				KindName(ts.url), quoteName(name), i, len(name), MaxNameLength)
 			continue
 		}
 		if dup := checkDuplicate(a.present, name, i); dup != "" {
@@ -211,7 +223,7 @@ func (c *Client) decode(ts *typeState, resp *response, a *applied) {
 		}
 		value := fingerprintOf(raw.any.GetValue())
 		if err != nil {
-			a.rejected[name] = err.Error()
+			a.rejected[name] = clip(err.Error())
 			a.badSums[name] = value
 			continue
 		}
@@ -333,7 +345,7 @@ func (c *Client) deliverChanges(ctx context.Context, ts *typeState, a *applied) 
 
 // reject records that the handler rejected r, changed or not.
 func (a *applied) reject(r Resource, msg string) {
-	a.rejected[r.Name] = msg
+	a.rejected[r.Name] = clip(msg)
 	a.badSums[r.Name] = a.changed[r.Name]
 	a.offers[r.Name] = &r
 	delete(a.changed, r.Name)
@@ -473,7 +485,7 @@ func (c *Client) deliver(ctx context.Context, ts *typeState, upserted []Resource
 		e := ts.entries[r.Name]
 		if err := rej[r.Name]; err != nil {
 			delete(rej, r.Name)
-			if msg := err.Error(); msg != e.err {
+			if msg := clip(err.Error()); msg != e.err {
 				e.err, e.updated = msg, now
 				touched = append(touched, r.Name)
 			}
@@ -509,20 +521,58 @@ func (ts *typeState) entry(name string) *entry {
 
 // nackMessage lists each rejected resource's error, sorted by name, each
 // naming the resource: `cluster "db": io.cilium.l4lb.port: 70000 is out of
-// range`.
+// range`. It stops at MaxNackMessage bytes, saying how many more there are:
+// a server that sends thousands of bad resources gets a NACK it can log.
 func nackMessage(typeURL string, rejected map[string]string) string {
 	kind := KindName(typeURL)
-	lines := make([]string, 0, len(rejected))
+	var b strings.Builder
 	names := slices.Collect(maps.Keys(rejected))
 	slices.SortFunc(names, compareRejected)
-	for _, name := range names {
+	for i, name := range names {
 		msg := rejected[name]
 		if !strings.HasPrefix(name, "#") && !strings.Contains(msg, strconv.Quote(name)) {
-			msg = kind + " " + strconv.Quote(name) + ": " + msg
+			msg = kind + " " + quoteName(name) + ": " + msg
 		}
-		lines = append(lines, msg)
+		if i > 0 && b.Len()+len(msg) > MaxNackMessage {
+			fmt.Fprintf(&b, "; and %d more rejected", len(names)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(msg)
 	}
-	return strings.Join(lines, "; ")
+	return b.String()
+}
+
+// Bounds of what a server's resources can make the client hold or send.
+const (
+	// MaxNameLength bounds a resource's name: a longer one is rejected
+	// (xdstp:// names stay far below it).
+	MaxNameLength = 4096
+	// MaxErrorLength bounds one resource's error, as kept in the
+	// xds-resources table and sent in a NACK.
+	MaxErrorLength = 1024
+	// MaxNackMessage bounds a NACK's error_detail (but its first error).
+	MaxNackMessage = 16 << 10
+	// maxQuotedName bounds a name quoted in an error.
+	maxQuotedName = 128
+)
+
+// clip bounds an error message to MaxErrorLength bytes, on a rune boundary.
+func clip(msg string) string {
+	if len(msg) <= MaxErrorLength {
+		return msg
+	}
+	return strings.ToValidUTF8(msg[:MaxErrorLength], "") + fmt.Sprintf("... (%d bytes)", len(msg))
+}
+
+// quoteName quotes a name for an error, its start only if it is long.
+func quoteName(name string) string {
+	if len(name) <= maxQuotedName {
+		return strconv.Quote(name)
+	}
+	return strconv.Quote(strings.ToValidUTF8(name[:maxQuotedName], "")) + fmt.Sprintf("... (%d bytes)", len(name))
 }
 
 // compareRejected orders names, then unnamed resources ("#index") by index.
@@ -542,22 +592,31 @@ func compareRejected(a, b string) int {
 	return strings.Compare(a, b)
 }
 
+// decodeOptions decode resources with the recursion limit of Envoy's
+// protobuf parser (C++ protobuf's default): a resource nested deeper, in
+// its metadata say, is rejected rather than decoded at any cost.
+var decodeOptions = proto.UnmarshalOptions{RecursionLimit: 100}
+
 // decodeResource decodes one resource and finds its name. The name is
-// returned whenever it can be known, even with an error.
+// returned whenever it can be known, even with an error: for bytes that do
+// not decode, it is read from the encoding if the name field is there.
 func decodeResource(typeURL string, raw rawResource) (string, proto.Message, error) {
 	name := raw.name
 	if raw.any == nil {
 		return name, nil, errors.New("resource has no body")
 	}
-	msg, err := raw.any.UnmarshalNew()
+	msg, err := anypb.UnmarshalNew(raw.any, decodeOptions)
 	if err != nil {
-		return name, nil, fmt.Errorf("cannot decode %s: %w", raw.any.GetTypeUrl(), err)
+		if name == "" {
+			name = encodedName(raw.any)
+		}
+		return name, nil, fmt.Errorf("cannot decode %s: %w", clipTypeURL(raw.any.GetTypeUrl()), err)
 	}
 	if name == "" {
 		name = resourceName(msg)
 	}
 	if raw.any.GetTypeUrl() != typeURL {
-		return name, nil, fmt.Errorf("resource of type %s in a response of type %s", raw.any.GetTypeUrl(), typeURL)
+		return name, nil, fmt.Errorf("resource of type %s in a response of type %s", clipTypeURL(raw.any.GetTypeUrl()), typeURL)
 	}
 	if name == "" {
 		return "", nil, errors.New("resource has no name")
@@ -575,4 +634,56 @@ func resourceName(msg proto.Message) string {
 		return m.GetClusterName()
 	}
 	return ""
+}
+
+// clipTypeURL bounds a type URL quoted in an error (a known one is short).
+func clipTypeURL(u string) string {
+	if len(u) <= maxQuotedName {
+		return u
+	}
+	return quoteName(u)
+}
+
+// encodedName reads the name of a resource whose bytes do not decode from
+// its encoding: the last instance of its type's name field (name, or
+// cluster_name) at the top level, as a decoder would take it. It returns ""
+// when the type is unknown or the field cannot be read.
+func encodedName(a *anypb.Any) string {
+	mt, err := protoregistry.GlobalTypes.FindMessageByURL(a.GetTypeUrl())
+	if err != nil {
+		return ""
+	}
+	fields := mt.Descriptor().Fields()
+	fd := fields.ByName("name")
+	if fd == nil {
+		fd = fields.ByName("cluster_name")
+	}
+	if fd == nil || fd.Kind() != protoreflect.StringKind || fd.Cardinality() == protoreflect.Repeated {
+		return ""
+	}
+	var name string
+	for b := a.GetValue(); len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			break
+		}
+		b = b[n:]
+		if num == fd.Number() && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				break
+			}
+			name, b = string(v), b[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			break
+		}
+		b = b[n:]
+	}
+	if !utf8.ValidString(name) {
+		return ""
+	}
+	return name
 }
