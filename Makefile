@@ -58,10 +58,18 @@ bench: build
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchtime=1x -count=1 -timeout 60m $(BENCH_E2E)
 	cd cilium && $(GO) test -run '^$$' -bench Convergence -benchtime=1x -count=1 -timeout 60m ./l4xds
 
-# Fuzz the io.cilium.l4lb translation (FUZZTIME=5m for longer).
-FUZZTIME ?= 60s
+# Runs every fuzzer for FUZZTIME (FUZZTIME=10m for longer), one at a time:
+# go test -fuzz takes one fuzzer per invocation. Each keeps its seeds, and
+# every crasher found, in its package's testdata/fuzz/<Fuzzer>/, which plain
+# `go test` runs as tests.
+FUZZTIME ?= 30s
+FUZZERS  := ./pkg/l4lb:FuzzTranslateCluster ./pkg/xds:FuzzClientSotW ./pkg/xds:FuzzClientDelta \
+	./pkg/controlplane:FuzzParseResources
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzTranslateCluster -fuzztime $(FUZZTIME) ./pkg/l4lb
+	@set -e; for f in $(FUZZERS); do \
+		echo "fuzz $${f#*:} ($${f%%:*}) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime $(FUZZTIME) "$${f%%:*}"; \
+	done
 
 # Regenerates the BPF objects (needs clang and llvm-strip: apt-get install
 # clang llvm libbpf-dev). The objects are committed, so `go build` needs no clang.
