@@ -315,6 +315,13 @@ name: db
 cluster_type: { name: envoy.clusters.aggregate }
 metadata: { filter_metadata: { io.cilium.l4lb: { vip: "10.1.2.3", port: 3306 } } }
 `},
+	{"EDS service name too long", `
+'@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
+name: db
+type: EDS
+eds_cluster_config: { service_name: ` + strings.Repeat("x", 4097) + ` }
+metadata: { filter_metadata: { io.cilium.l4lb: { vip: "10.1.2.3", port: 3306 } } }
+`},
 	{"static without load_assignment", `
 '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
 name: db

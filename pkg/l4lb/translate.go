@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/l4xds/l4xds/pkg/loadbalancer"
+	"github.com/l4xds/l4xds/pkg/xds"
 )
 
 // MetadataKey is the filter_metadata key that makes a cluster an L4 load
@@ -378,6 +379,10 @@ func translateDiscovery(c *clusterv3.Cluster, spec *ServiceSpec) *fieldError {
 		spec.EDSName = c.GetEdsClusterConfig().GetServiceName()
 		if spec.EDSName == "" {
 			spec.EDSName = c.GetName()
+		}
+		// The client would reject the ClusterLoadAssignment of that name.
+		if n := len(spec.EDSName); n > xds.MaxNameLength {
+			return fieldErrorf("eds_cluster_config.service_name", "%d bytes is longer than %d", n, xds.MaxNameLength)
 		}
 	case clusterv3.Cluster_STATIC:
 		la := c.GetLoadAssignment()

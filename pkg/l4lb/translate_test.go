@@ -465,6 +465,11 @@ load_assignment:
 			wantErr: `cluster "db": type: cluster_type extension "envoy.clusters.aggregate" is not supported (want EDS or STATIC)`,
 		},
 		{
+			name:    "EDS service name longer than the client takes",
+			cluster: "name: db\ntype: EDS\neds_cluster_config: {service_name: " + strings.Repeat("x", 4097) + "}\nmetadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.3, port: 1}}}",
+			wantErr: `cluster "db": eds_cluster_config.service_name: 4097 bytes is longer than 4096`,
+		},
+		{
 			name:    "STATIC without load_assignment (type: EDS forgotten)",
 			cluster: "name: db\neds_cluster_config: {service_name: db}\nmetadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.3, port: 1}}}",
 			wantErr: `cluster "db": load_assignment: required for a STATIC cluster (or set type: EDS)`,
