@@ -56,6 +56,25 @@ type fuzzStream struct {
 	driver   *xds.Driver
 	clusters *acceptedBy
 	clas     *acceptedBy
+	// requested are the endpoint names the controller asks for.
+	requested *requested
+}
+
+// requested passes the names the controller sets on to the client, and
+// keeps them: a ClusterLoadAssignment no longer requested is dropped from
+// the client's cache and the controller's, and a new request waits for
+// the server to send it again.
+type requested struct {
+	client *xds.Client
+	names  map[string]bool
+}
+
+func (r *requested) SetNames(typeURL string, names []string) {
+	r.client.SetNames(typeURL, names)
+	clear(r.names)
+	for _, n := range names {
+		r.names[n] = true
+	}
 }
 
 func newFuzzStream(t *testing.T, protocol string) *fuzzStream {
@@ -73,9 +92,10 @@ func newFuzzStream(t *testing.T, protocol string) *fuzzStream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctrl := l4lb.NewController(l4lb.NewTablesSink(w), c)
+	names := &requested{client: c, names: map[string]bool{}}
+	ctrl := l4lb.NewController(l4lb.NewTablesSink(w), names)
 	s := &fuzzStream{
-		delta: protocol == xds.ProtocolDelta, db: db, w: w, client: c,
+		delta: protocol == xds.ProtocolDelta, db: db, w: w, client: c, requested: names,
 		clusters: &acceptedBy{h: ctrl.ClusterHandler(), msgs: map[string]proto.Message{}},
 		clas:     &acceptedBy{h: ctrl.EndpointHandler(), msgs: map[string]proto.Message{}},
 	}
@@ -243,17 +263,25 @@ func fuzzEndpoints(name string, v byte) *endpointv3.ClusterLoadAssignment {
 // check holds the invariants after a response.
 func (s *fuzzStream) check(t *testing.T, step int) {
 	t.Helper()
-	// The client's cache holds the clusters the handler accepted, and only
-	// those, in an accepted state.
-	var cached []string
-	for r := range s.client.Resources().All(s.db.ReadTxn()) {
-		if r.TypeURL == xds.ClusterType && (r.State == xds.StateAcked || r.State == xds.StateNackedButCached) {
-			cached = append(cached, r.Name)
+	// What is no longer requested is no longer accepted.
+	maps.DeleteFunc(s.clas.msgs, func(name string, _ proto.Message) bool { return !s.requested.names[name] })
+
+	// The client's cache holds the resources the handlers accepted, and
+	// only those, in an accepted state.
+	for _, typ := range []struct {
+		url      string
+		accepted *acceptedBy
+	}{{xds.ClusterType, s.clusters}, {xds.EndpointType, s.clas}} {
+		var cached []string
+		for r := range s.client.Resources().All(s.db.ReadTxn()) {
+			if r.TypeURL == typ.url && (r.State == xds.StateAcked || r.State == xds.StateNackedButCached) {
+				cached = append(cached, r.Name)
+			}
 		}
-	}
-	slices.Sort(cached)
-	if accepted := slices.Sorted(maps.Keys(s.clusters.msgs)); !slices.Equal(cached, accepted) {
-		t.Fatalf("step %d: the client's cache has the clusters %q accepted, the handler accepted %q", step, cached, accepted)
+		slices.Sort(cached)
+		if accepted := slices.Sorted(maps.Keys(typ.accepted.msgs)); !slices.Equal(cached, accepted) {
+			t.Fatalf("step %d: the client's cache has %q of %s accepted, the handler accepted %q", step, cached, xds.ShortTypeName(typ.url), accepted)
+		}
 	}
 
 	// The tables are what a fresh controller makes of the accepted
