@@ -117,3 +117,41 @@ func (a *agent) failsWith(t *testing.T, addr lb.L3n4Addr, want string) {
 		return f.Status.Kind == reconciler.StatusKindError && strings.Contains(last, want)
 	})
 }
+
+// A restarted agent with other map sizes keeps the pinned maps' sizes, and
+// with them the frontends' IDs, which established flows' conntrack entries
+// name: it warns, and its capacity is that of the maps it has.
+func TestPrivilegedPinnedMapsKeepTheirSize(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	a := startAgent(t, smallMaps(testConfig(root)))
+	a.upsert(t, &lb.Service{Name: "web", Source: lb.SourceXDS}, "10.0.0.1:80/TCP")
+	a.setBackends(t, "web", "192.168.0.1:80")
+	a.initialize(t)
+	a.reconciled(t)
+	before := readMaps(t, root)
+	a.stop(t)
+
+	bigger := testConfig(root)
+	bigger.LBMaglevTableSize = 3
+	a = startAgent(t, bigger)
+	if !strings.Contains(a.logs.String(), "A pinned map keeps its size") {
+		t.Errorf("no warning that the pinned maps keep their sizes")
+	}
+	c := readMaps(t, root)
+	if got := c.maps.services.MaxEntries(); got != 2 {
+		t.Errorf("%s: %d entries after the restart, want the pinned 2", bpf.L4xdsMapL4xdsServices, got)
+	}
+	if got := c.maps.backends.MaxEntries(); got != 4 {
+		t.Errorf("%s: %d entries after the restart, want the pinned 4", bpf.L4xdsMapL4xdsBackends, got)
+	}
+	a.upsert(t, &lb.Service{Name: "web", Source: lb.SourceXDS}, "10.0.0.1:80/TCP")
+	a.setBackends(t, "web", "192.168.0.1:80")
+	a.upsert(t, &lb.Service{Name: "db", Source: lb.SourceXDS}, "10.0.0.2:80/TCP")
+	a.upsert(t, &lb.Service{Name: "extra", Source: lb.SourceXDS}, "10.0.0.3:80/TCP")
+	a.initialize(t)
+	a.failsWith(t, fe("10.0.0.3:80/TCP"), "the service map is full: it holds 2 frontends; --lb-service-map-max raises the limit")
+	if got, want := readMaps(t, root).services[fe("10.0.0.1:80/TCP")].ID, before.services[fe("10.0.0.1:80/TCP")].ID; got != want {
+		t.Errorf("web's service ID %d after the restart, want %d as before", got, want)
+	}
+}

@@ -74,6 +74,7 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 			if dp, err = Load(p.Log, p.Config); err != nil {
 				return fmt.Errorf("BPF datapath (--datapath=bpf needs root; --datapath=none runs without it): %w", err)
 			}
+			ops.capacity = dp.capacity(ops.capacity.maglevSize)
 			if err := ops.restore(dp.Maps); err != nil {
 				dp.Close()
 				return err

@@ -92,6 +92,9 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 		spec.Maps[name].MaxEntries = uint32(cfg.LBServiceMapMax)
 	}
 	spec.Maps[bpf.L4xdsMapL4xdsBackends].MaxEntries = uint32(cfg.LBBackendMapMax)
+	if err := keepPinnedSizes(log, spec, dir); err != nil {
+		return nil, err
+	}
 	d := &Datapath{dir: dir}
 	if d.staged, err = incompatiblePins(log, spec, dir); err != nil {
 		return nil, err
@@ -191,6 +194,44 @@ func ensureBPFFS(log *slog.Logger, root string) error {
 	}
 	log.Info("Mounted a BPF filesystem at --bpf-root", "path", root)
 	return nil
+}
+
+// idMaps are the maps that hold or are keyed by service and backend IDs.
+var idMaps = []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsMaglev, bpf.L4xdsMapL4xdsVips, bpf.L4xdsMapL4xdsBackends}
+
+// keepPinnedSizes gives the maps that hold IDs the size of their pins: a
+// map made anew at another size would be filled with new IDs while the
+// conntrack entries of established flows name the old ones. A changed
+// --lb-service-map-max or --lb-backend-map-max takes effect once these
+// pins are gone (the agent stopped and <bpf-root>/l4xds removed).
+func keepPinnedSizes(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) error {
+	for _, name := range idMaps {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		pinned, want := m.MaxEntries(), spec.Maps[name].MaxEntries
+		m.Close()
+		if pinned != want {
+			log.Warn("A pinned map keeps its size; the new size takes effect once the pinned maps are removed",
+				"map", name, "entries", pinned, "configured", want)
+			spec.Maps[name].MaxEntries = pinned
+		}
+	}
+	return nil
+}
+
+// capacity is what the loaded maps hold: the configured sizes, or those of
+// the pinned maps that kept theirs.
+func (d *Datapath) capacity(maglevSize uint32) capacity {
+	return capacity{
+		services:   min(d.Maps.services.MaxEntries(), MaxServiceID),
+		backends:   d.Maps.backends.MaxEntries(),
+		maglevSize: maglevSize,
+	}
 }
 
 // mapByName is the field of objs that bpf2go tagged with name.
