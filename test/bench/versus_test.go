@@ -11,10 +11,6 @@ import (
 	"github.com/l4xds/l4xds/test/bench/versus"
 )
 
-// versusShape is the shape of Cilium's load-balancer benchmark: services
-// of one backend each.
-var versusShape = shape{50000, 1}
-
 // versusRounds: each side runs this many times, alternately.
 const versusRounds = 3
 
@@ -29,6 +25,13 @@ func BenchmarkVersusCilium(b *testing.B) {
 		fmt.Printf("BENCH versus-cilium skipped reason=%q\n", err.Error())
 		b.Skip(err)
 	}
+	n, err := versus.Services()
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The shape of Cilium's load-balancer benchmark: services of one
+	// backend each.
+	versusShape := shape{n, 1}
 	for range b.N {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 		cilium := func(ctx context.Context) (versus.Figures, error) {
@@ -59,7 +62,7 @@ func BenchmarkVersusCilium(b *testing.B) {
 // l4xdsConvergence runs BenchmarkConvergence of one shape and protocol in
 // a fresh process and reads its BENCH line.
 func l4xdsConvergence(ctx context.Context, s shape, protocol string) (versus.Figures, error) {
-	line, err := versus.RunSelf(ctx, fmt.Sprintf("^BenchmarkConvergence$/^%s$/^%s$", s, protocol), "BENCH convergence ")
+	line, err := versus.RunSelf(ctx, fmt.Sprintf("^BenchmarkConvergence$/^%s$/^%s$", s, protocol), "BENCH convergence ", shapesEnv+"="+s.String())
 	if err != nil {
 		return versus.Figures{}, err
 	}

@@ -33,6 +33,24 @@ import (
 // cilium-lb-bench in $L4XDS_BIN.
 const Env = "L4XDS_CILIUM_BENCH"
 
+// ServicesEnv sets the number of services of both sides (50000 unless
+// set: the shape of Cilium's benchmark), for a quick check of the
+// comparison itself.
+const ServicesEnv = "L4XDS_BENCH_VERSUS_SERVICES"
+
+// Services is the number of services both sides run.
+func Services() (int, error) {
+	v := os.Getenv(ServicesEnv)
+	if v == "" {
+		return 50000, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("$%s: %q is not a positive number of services", ServicesEnv, v)
+	}
+	return n, nil
+}
+
 // CommandPath is the built Cilium benchmark command, or why there is none.
 func CommandPath() (string, error) {
 	path := os.Getenv(Env)
@@ -110,15 +128,17 @@ func ParseCilium(out []byte) (Figures, error) {
 }
 
 // RunSelf runs one benchmark of this test binary in a fresh process (the
-// binary sets up its own namespaces as root) and returns the first line of
-// its output starting with prefix ("BENCH convergence ").
-func RunSelf(ctx context.Context, benchmark, prefix string) (string, error) {
+// binary sets up its own namespaces as root), with env added to its
+// environment, and returns the first line of its output starting with
+// prefix ("BENCH convergence ").
+func RunSelf(ctx context.Context, benchmark, prefix string, env ...string) (string, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return "", err
 	}
 	cmd := exec.CommandContext(ctx, exe, "-test.run=^$", "-test.bench="+benchmark,
 		"-test.benchtime=1x", "-test.count=1", "-test.timeout=30m")
+	cmd.Env = append(os.Environ(), env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
