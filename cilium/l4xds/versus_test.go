@@ -29,6 +29,8 @@ func BenchmarkVersusCilium(b *testing.B) {
 	if os.Getuid() == 0 {
 		maps = "bpf"
 	}
+	// Cilium's benchmark, too, requires a bpffs at /sys/fs/bpf.
+	mountBPFFS(b)
 	shape := fmt.Sprintf("%dx1", services)
 	for range b.N {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)

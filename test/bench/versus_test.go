@@ -25,6 +25,9 @@ func BenchmarkVersusCilium(b *testing.B) {
 		fmt.Printf("BENCH versus-cilium skipped reason=%q\n", err.Error())
 		b.Skip(err)
 	}
+	if useBPF() {
+		versus.MountBPFFS(b)
+	}
 	n, err := versus.Services()
 	if err != nil {
 		b.Fatal(err)

@@ -27,6 +27,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
+	"testing"
 )
 
 // Env names Cilium's benchmark command; without it, CommandPath looks for
@@ -78,6 +80,21 @@ type Figures struct {
 func (f Figures) Line(labels ...string) string {
 	return fmt.Sprintf("BENCH cilium-lb %s services_per_s=%.0f heap_inuse_bytes_per_service=%.0f",
 		strings.Join(labels, " "), f.ServicesPerS, f.HeapBytesPerService)
+}
+
+// MountBPFFS mounts the bpffs Cilium's benchmark requires at /sys/fs/bpf,
+// with the directory of its maps: call it as root, in the private mount
+// namespace of netns.Main, where it hides nothing of the host's. Unmounted
+// when tb ends.
+func MountBPFFS(tb testing.TB) {
+	tb.Helper()
+	if err := syscall.Mount("bpf", "/sys/fs/bpf", "bpf", 0, ""); err != nil {
+		tb.Fatalf("mount -t bpf bpf /sys/fs/bpf: %v", err)
+	}
+	tb.Cleanup(func() { syscall.Unmount("/sys/fs/bpf", syscall.MNT_DETACH) })
+	if err := os.MkdirAll("/sys/fs/bpf/tc/globals", 0o755); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // RunCilium runs Cilium's benchmark once in a fresh process: one iteration
