@@ -5,7 +5,7 @@ BIN      := bin
 BINARIES := l4xds-agent l4xds-dbg l4xds-control-plane
 PKGS     := ./...
 
-.PHONY: all build test test-cilium test-kind soak bench fuzz generate demo demo-cilium docs lint clean
+.PHONY: all build test test-cilium test-kind soak bench bench-cilium fuzz generate demo demo-cilium docs lint clean
 
 all: build
 
@@ -52,11 +52,24 @@ soak: build
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of
 # test/bench once each (every run is a whole server and agent). As root they
 # use real BPF maps; Documentation/performance.md has the figures.
+# As root, make bench ends with bench-cilium.
 BENCH_E2E := ./test/bench
 bench: build
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m $$($(GO) list $(PKGS) | grep -v '/test/bench$$')
-	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchtime=1x -count=1 -timeout 60m $(BENCH_E2E)
+	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench 'Convergence|Update|AgentProcess' -benchtime=1x -count=1 -timeout 60m $(BENCH_E2E)
 	cd cilium && $(GO) test -run '^$$' -bench Convergence -benchtime=1x -count=1 -timeout 60m ./l4xds
+	if [ "$$(id -u)" = 0 ]; then $(MAKE) bench-cilium; fi
+
+# Side by side with Cilium's own load-balancer benchmark
+# (pkg/loadbalancer/benchmark, at the Cilium version of cilium/go.mod, built
+# in a throwaway module outside the repository): it and the 50000x1
+# convergence run alternately, three times each, each a fresh process,
+# the standalone agent's then the agent's inside Cilium; `BENCH
+# versus-cilium` lines with the medians (Documentation/performance.md).
+bench-cilium: build
+	GO=$(GO) ./test/bench/build-cilium-bench.sh cilium/go.mod $(BIN)/cilium-lb-bench
+	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench VersusCilium -benchtime=1x -count=1 -timeout 60m $(BENCH_E2E)
+	cd cilium && L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench VersusCilium -benchtime=1x -count=1 -timeout 60m ./l4xds
 
 # Runs every fuzzer for FUZZTIME (FUZZTIME=10m for longer), one at a time:
 # go test -fuzz takes one fuzzer per invocation. Each keeps its seeds, and
@@ -97,7 +110,7 @@ lint:
 	cd cilium && $(GO) vet ./...
 	cd test/kind && $(GO) vet ./...
 	@command -v shellcheck >/dev/null || { echo "shellcheck is missing: apt-get install shellcheck"; exit 1; }
-	shellcheck test/demo.sh test/kind/*.sh .ci/run
+	shellcheck test/demo.sh test/kind/*.sh test/bench/*.sh .ci/run
 
 clean:
 	rm -rf $(BIN)

@@ -1163,7 +1163,7 @@ static __always_inline void reply_claim(const struct lb_ct_key *rk,
 __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct lb_svc *svc;
-	__u32 svc_id, svc_flags, svc_count, affinity_timeout;
+	__u32 svc_id, svc_flags, svc_count, affinity_timeout, svc_backend;
 	__u32 backend_id = 0;
 	__u32 baddr[4];
 	__be16 bport;
@@ -1183,6 +1183,7 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 	svc_flags = svc->flags;
 	svc_count = svc->count;
 	affinity_timeout = svc->affinity_timeout;
+	svc_backend = svc->backend_id;
 
 	now = bpf_ktime_get_ns();
 	ct_key_of(&fk, p);
@@ -1240,7 +1241,10 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 	if (svc_flags & LB_SVC_F_AFFINITY)
 		be = affinity_backend(p, svc_id, affinity_timeout, now,
 				      &backend_id);
-	if (!be) {
+	if (!be && svc_backend) {
+		/* One backend: what every slot of a table would name. */
+		backend_id = svc_backend;
+	} else if (!be) {
 		__u32 size = maglev_size;
 		__u32 slot;
 		void *table;
@@ -1254,6 +1258,8 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 		if (!id)
 			goto no_backend;
 		backend_id = *id;
+	}
+	if (!be) {
 		be = bpf_map_lookup_elem(&l4xds_backends, &backend_id);
 		if (!be || be->svc_id != svc_id)
 			goto no_backend;

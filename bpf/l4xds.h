@@ -50,8 +50,11 @@ enum {
 struct lb_svc {
 	__u32 id;               /* key of maglev, stats, source ranges, backend.svc_id */
 	__u32 flags;            /* LB_SVC_F_* */
-	__u32 count;            /* backends in the Maglev table; 0: reject new flows */
+	__u32 count;            /* backends for new flows; 0: reject new flows */
 	__u32 affinity_timeout; /* seconds, with LB_SVC_F_AFFINITY */
+	/* With count 1: the one backend for new flows, and no Maglev table
+	 * (each of its slots would name this backend). 0: the Maglev table. */
+	__u32 backend_id;
 };
 
 enum {

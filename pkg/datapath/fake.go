@@ -69,7 +69,7 @@ func (f *FakeMaps) Service(fe lb.L3n4Addr) (ServiceEntry, bool) {
 	f.mu.Lock()
 	v, ok := f.services[key]
 	f.mu.Unlock()
-	return ServiceEntry{Frontend: fe, ID: v.Id, Count: v.Count}, ok
+	return ServiceEntry{Frontend: fe, ID: v.Id, Count: v.Count, Backend: v.BackendId}, ok
 }
 
 func (f *FakeMaps) putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {

@@ -131,9 +131,12 @@ type ServiceEntry struct {
 	SourceRanges    bool // only clients in the service's source ranges
 	Affinity        bool
 	AffinityTimeout time.Duration
-	// Count is the number of backends in the Maglev table: 0 rejects new
+	// Count is the number of backends for new flows: 0 rejects new
 	// flows.
 	Count uint32
+	// Backend is, with Count 1, that backend's ID: the service has no
+	// Maglev table. 0: new flows follow the Maglev table.
+	Backend uint32
 }
 
 // BackendEntry is an entry of l4xds_backends.
@@ -230,6 +233,7 @@ func (m *Maps) Services() iter.Seq2[ServiceEntry, error] {
 				Affinity:        v.Flags&svcFlagAffinity != 0,
 				AffinityTimeout: time.Duration(v.AffinityTimeout) * time.Second,
 				Count:           v.Count,
+				Backend:         v.BackendId,
 			}
 			if !yield(e, err) || err != nil {
 				return

@@ -199,7 +199,10 @@ type step struct {
 	usable          int
 	flags           uint32
 	affinityTimeout uint32
-	ranges          []netip.Prefix
+	// single is the one usable backend's ID when there is one: the
+	// service then has no Maglev table (every slot would name it).
+	single uint32
+	ranges []netip.Prefix
 	// removed are the backends no longer listed.
 	removed []netip.AddrPort
 }
@@ -258,6 +261,9 @@ func (o *ops) prepare(st *step) (err error) {
 		if want.usable {
 			weight = max(want.weight, 1)
 			o.maglev.addAddr(be.id, want.addr, want.weight)
+			if d.usable == 1 {
+				st.single = be.id
+			}
 		}
 		if be.weight != weight {
 			be.weight, changed = weight, true
@@ -288,7 +294,8 @@ func (o *ops) prepare(st *step) (err error) {
 			}
 		}
 	}
-	if d.usable == 0 || !changed {
+	// No table for none or one backend: finish deletes one left over.
+	if d.usable <= 1 || !changed {
 		o.maglev.reset()
 		return nil
 	}
@@ -365,7 +372,7 @@ func (o *ops) finish(st *step) error {
 		}
 	}
 
-	v := bpf.L4xdsLbSvc{Id: svc.id, Flags: st.flags, Count: uint32(st.usable), AffinityTimeout: st.affinityTimeout}
+	v := bpf.L4xdsLbSvc{Id: svc.id, Flags: st.flags, Count: uint32(st.usable), AffinityTimeout: st.affinityTimeout, BackendId: st.single}
 	if force || !svc.written || svc.value != v {
 		if err := o.maps.putService(svc.key, v); err != nil {
 			return err
@@ -373,8 +380,9 @@ func (o *ops) finish(st *step) error {
 		svc.value, svc.written = v, true
 	}
 
-	// With count 0 written, the table is no longer read.
-	if st.usable == 0 && (force || svc.table != tableNone) {
+	// With count 0, or a single backend, written, the table is no longer
+	// read.
+	if st.usable <= 1 && (force || svc.table != tableNone) {
 		if err := o.maps.deleteMaglevs([]uint32{svc.id}); err != nil {
 			return err
 		}

@@ -203,9 +203,25 @@ func (c contents) rangesOf(svcID uint32) string {
 }
 
 // shares returns each backend's percentage of the service's Maglev table.
+// shares are the backends' shares of a service's new flows, in percent: of
+// its Maglev table, or all of them for the one backend that a service
+// entry names instead of a table.
 func (c contents) shares(t *testing.T, svcID uint32) map[string]float64 {
 	t.Helper()
 	table, ok, err := c.maps.MaglevTable(svcID)
+	for _, svc := range c.services {
+		if svc.ID != svcID || svc.Backend == 0 {
+			continue
+		}
+		b, known := c.backends[svc.Backend]
+		switch {
+		case svc.Count != 1 || !known || b.ServiceID != svcID:
+			t.Fatalf("service %d: count %d, its one backend %d is %+v (found %v)", svcID, svc.Count, svc.Backend, b, known)
+		case ok || err != nil:
+			t.Fatalf("service %d: one backend named, and a Maglev table (%v)", svcID, err)
+		}
+		return map[string]float64{b.Address.String(): 100}
+	}
 	if err != nil || !ok {
 		t.Fatalf("Maglev table of service %d: found %v, %v", svcID, ok, err)
 	}

@@ -21,6 +21,12 @@ func svcEntry(fe string, id, count uint32) datapath.ServiceEntry {
 	return datapath.ServiceEntry{Frontend: a, ID: id, Count: count}
 }
 
+// single makes s a service of one backend for new flows, named by its entry.
+func single(s datapath.ServiceEntry, backend uint32) datapath.ServiceEntry {
+	s.Backend = backend
+	return s
+}
+
 func beEntry(id uint32, addr string, state lb.BackendState, svc uint32) datapath.BackendEntry {
 	return datapath.BackendEntry{ID: id, Address: netip.MustParseAddrPort(addr), State: state, ServiceID: svc}
 }
@@ -106,6 +112,31 @@ Frontend               Service   Backend                    State         Slots 
 [2001:db8::1]:53/UDP   4         [2001:db8::10]:53 (id 8)   active        7       100.0%
                                  0 packets, 0 bytes, drops: none
 3 services, 3 backends
+`,
+		},
+		{
+			name: "one backend: named by the service entry, no Maglev table",
+			in: lbMaps{
+				services: []datapath.ServiceEntry{
+					single(svcEntry("10.1.2.4:80/TCP", 6, 1), 11),
+					single(svcEntry("10.1.2.5:80/TCP", 7, 1), 99),
+				},
+				backends: []datapath.BackendEntry{
+					beEntry(11, "192.168.1.20:80", lb.BackendStateActive, 6),
+					beEntry(12, "192.168.1.21:80", lb.BackendStateTerminating, 6),
+					beEntry(13, "192.168.1.22:80", lb.BackendStateActive, 7),
+				},
+				stats: map[uint32]datapath.Stats{},
+			},
+			want: `
+Frontend          Service   Backend                   State         Slots   Share
+10.1.2.4:80/TCP   6         192.168.1.20:80 (id 11)   active        0       100.0%
+                            192.168.1.21:80 (id 12)   terminating   0       0.0%
+                            0 packets, 0 bytes, drops: none
+10.1.2.5:80/TCP   7         ! the service's one backend id 99 is not one of its backends: its new flows are dropped
+                            192.168.1.22:80 (id 13)   active        0       0.0%
+                            0 packets, 0 bytes, drops: none
+2 services, 3 backends
 `,
 		},
 		{

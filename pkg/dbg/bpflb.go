@@ -125,13 +125,16 @@ type lbService struct {
 	SourceRanges []string `json:"sourceRanges"`
 	// AffinityTimeout is the client-IP session affinity ("" when off).
 	AffinityTimeout string `json:"affinityTimeout,omitempty"`
-	// TakesNewFlows: a backend is in the Maglev table. Without one, new
-	// flows are rejected (TCP RST, ICMP port unreachable).
-	TakesNewFlows bool        `json:"takesNewFlows"`
-	MaglevSlots   int         `json:"maglevSlots"`
-	Backends      []lbBackend `json:"backends"`
-	Packets       uint64      `json:"packets"`
-	Bytes         uint64      `json:"bytes"`
+	// TakesNewFlows: a backend is in the Maglev table, or is the
+	// service's one backend. Without one, new flows are rejected (TCP RST,
+	// ICMP port unreachable).
+	TakesNewFlows bool `json:"takesNewFlows"`
+	// MaglevSlots is the size of the Maglev table; 0 for a service of one
+	// backend, which needs none.
+	MaglevSlots int         `json:"maglevSlots"`
+	Backends    []lbBackend `json:"backends"`
+	Packets     uint64      `json:"packets"`
+	Bytes       uint64      `json:"bytes"`
 	// Drops by reason, only those that happened.
 	Drops map[string]uint64 `json:"drops,omitempty"`
 	// Problems are what a reader should look at: no backend for new flows,
@@ -146,7 +149,8 @@ type lbBackend struct {
 	ID      uint32 `json:"id"`
 	State   string `json:"state"`
 	// Slots of the service's Maglev table that are this backend's, and
-	// their share of the table in percent: the weight as realised.
+	// their share of the table in percent: the weight as realised. The one
+	// backend of a service without a table has no slot and all the share.
 	Slots int     `json:"slots"`
 	Share float64 `json:"share"`
 	// ServiceID, for an orphan backend.
@@ -195,7 +199,7 @@ func newLBService(s datapath.ServiceEntry, backends []datapath.BackendEntry, ran
 	out := lbService{
 		Frontend:      s.Frontend.String(),
 		ID:            s.ID,
-		TakesNewFlows: s.Count > 0 && len(table) > 0,
+		TakesNewFlows: s.Count > 0 && (len(table) > 0 || s.Backend != 0),
 		MaglevSlots:   len(table),
 		Backends:      []lbBackend{},
 		Packets:       st.Packets,
@@ -217,17 +221,27 @@ func newLBService(s datapath.ServiceEntry, backends []datapath.BackendEntry, ran
 		out.Problems = append(out.Problems, fmt.Sprintf("source ranges %s in the map but not enforced", strings.Join(ranges, ", ")))
 	}
 
+	if s.Backend != 0 {
+		// The datapath reads no table: a leftover one is not shown.
+		table = nil
+		out.MaglevSlots = 0
+	}
 	slots := map[uint32]int{}
 	for _, id := range table {
 		slots[id]++
 	}
+	single := false
 	for _, b := range sortedBackends(backends) {
 		n := slots[b.ID]
 		delete(slots, b.ID)
-		out.Backends = append(out.Backends, lbBackend{
+		be := lbBackend{
 			Address: b.Address.String(), ID: b.ID, State: b.State.String(),
 			Slots: n, Share: share(n, len(table)),
-		})
+		}
+		if s.Backend != 0 && b.ID == s.Backend {
+			be.Share, single = 100, true
+		}
+		out.Backends = append(out.Backends, be)
 	}
 	for _, id := range slices.Sorted(maps.Keys(slots)) {
 		out.Problems = append(out.Problems, fmt.Sprintf("%d Maglev slots name backend id %d, which is not one of this service's: its new flows are rejected", slots[id], id))
@@ -235,6 +249,11 @@ func newLBService(s datapath.ServiceEntry, backends []datapath.BackendEntry, ran
 	switch {
 	case s.Count == 0:
 		out.Problems = append([]string{"no backend takes new flows: new connections are rejected (TCP RST, ICMP port unreachable)"}, out.Problems...)
+	case s.Backend != 0 && !single:
+		out.Problems = append([]string{fmt.Sprintf("the service's one backend id %d is not one of its backends: its new flows are dropped", s.Backend)}, out.Problems...)
+	case s.Backend != 0 && s.Count != 1:
+		out.Problems = append(out.Problems, fmt.Sprintf("the service counts %d backends for new flows but names one, id %d", s.Count, s.Backend))
+	case s.Backend != 0:
 	case len(table) == 0:
 		out.Problems = append([]string{fmt.Sprintf("%d backends take new flows but the Maglev table is missing: new connections are rejected", s.Count)}, out.Problems...)
 	case int(s.Count) != distinct(table):

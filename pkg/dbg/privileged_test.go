@@ -216,8 +216,9 @@ func TestPrivilegedLBListShowsWhatTheReconcilerWrote(t *testing.T) {
 	if len(db.Backends) != 3 || db.MaglevSlots != 1021 || !db.TakesNewFlows || db.AffinityTimeout != "3h0m0s" {
 		t.Errorf("10.1.2.3:3306/TCP: %+v", db)
 	}
-	if v6 := got["[2001:db8::1]:3306/TCP"]; len(v6.Backends) != 1 || v6.Backends[0].Slots != 1021 {
-		t.Errorf("[2001:db8::1]:3306/TCP: %+v, want its IPv6 backend alone with every slot", v6)
+	// One backend: no Maglev table, the service entry names it.
+	if v6 := got["[2001:db8::1]:3306/TCP"]; len(v6.Backends) != 1 || v6.Backends[0].Share != 100 || v6.MaglevSlots != 0 || !v6.TakesNewFlows || len(v6.Problems) > 0 {
+		t.Errorf("[2001:db8::1]:3306/TCP: %+v, want its IPv6 backend alone with all new flows, and no table", v6)
 	}
 	if len(list.OrphanBackends)+len(list.OrphanMaglevTables) > 0 {
 		t.Errorf("orphans in maps the reconciler alone wrote: backends %+v, Maglev tables of services %v", list.OrphanBackends, list.OrphanMaglevTables)

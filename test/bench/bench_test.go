@@ -4,6 +4,7 @@ package bench
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -20,10 +21,24 @@ var (
 
 const updateCount = 1000
 
+// shapesEnv replaces convergenceShapes: "50000x1,10000x10".
+const shapesEnv = "L4XDS_BENCH_SHAPES"
+
 // BenchmarkConvergence prints a BENCH convergence line per shape and
 // protocol (each run is a fresh server and agent; run with -benchtime=1x).
 func BenchmarkConvergence(b *testing.B) {
-	for _, s := range convergenceShapes {
+	shapes := convergenceShapes
+	if v := os.Getenv(shapesEnv); v != "" {
+		shapes = nil
+		for f := range strings.SplitSeq(v, ",") {
+			var s shape
+			if _, err := fmt.Sscanf(f, "%dx%d", &s.N, &s.M); err != nil || s.N < 1 || s.M < 1 || f != s.String() {
+				b.Fatalf("$%s: %q is not a shape NxM", shapesEnv, f)
+			}
+			shapes = append(shapes, s)
+		}
+	}
+	for _, s := range shapes {
 		for _, p := range protocols {
 			b.Run(s.String()+"/"+p, func(b *testing.B) {
 				for range b.N {

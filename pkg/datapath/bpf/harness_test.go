@@ -141,18 +141,24 @@ type service struct {
 	affinityTimeout uint32
 	backends        []backend
 	table           []uint32
+	// single names the one backend for new flows in the service entry,
+	// which then has no table (as the agent writes a service of one).
+	single uint32
 }
 
 func (d *datapath) addService(s service) {
 	d.t.Helper()
 	key := L4xdsLbSvcKey{Addr: addr(s.vip.Addr()), Port: port(s.vip.Port()), Proto: s.proto}
-	val := L4xdsLbSvc{Id: s.id, Flags: s.flags, Count: uint32(len(s.backends)), AffinityTimeout: s.affinityTimeout}
+	val := L4xdsLbSvc{Id: s.id, Flags: s.flags, Count: uint32(len(s.backends)), AffinityTimeout: s.affinityTimeout, BackendId: s.single}
+	if s.single != 0 {
+		val.Count = 1
+	}
 	d.must(d.objs.L4xdsServices.Put(&key, &val), "service %s", s.vip)
 	for _, b := range s.backends {
 		d.putBackend(s.id, b)
 	}
 	table := s.table
-	if table == nil && len(s.backends) > 0 {
+	if table == nil && len(s.backends) > 0 && s.single == 0 {
 		for i := range testMaglevN {
 			table = append(table, s.backends[i%len(s.backends)].id)
 		}

@@ -95,6 +95,7 @@ type L4xdsLbSvc struct {
 	Flags           uint32
 	Count           uint32
 	AffinityTimeout uint32
+	BackendId       uint32
 }
 
 type L4xdsLbSvcKey struct {

@@ -4,9 +4,12 @@ package bpf
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 var mixedTable = []uint32{1, 2, 2, 1, 2, 1, 1}
@@ -152,4 +155,53 @@ func TestTCPCloseMarksBothEntries(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A service of one backend has no Maglev table: its entry names the
+// backend, and every packet comes out as it does from a table whose every
+// slot names that backend.
+func TestOneBackendWithoutATable(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		vip    netip.AddrPort
+		client netip.AddrPort
+		proto  uint8
+		be     backend
+	}{
+		{"IPv4 TCP", vip4, client4, protoTCP, be4a},
+		{"IPv4 UDP", vip4, client4, protoUDP, be4a},
+		{"IPv6 TCP", vip6, client6, protoTCP, be6a},
+		{"IPv6 UDP", vip6, client6, protoUDP, be6a},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			table, single := newDatapath(t), newDatapath(t)
+			table.addService(service{id: 1, vip: tc.vip, proto: tc.proto, backends: []backend{tc.be}})
+			single.addService(service{id: 1, vip: tc.vip, proto: tc.proto, backends: []backend{tc.be}, single: tc.be.id})
+			var inner *ebpf.Map
+			if err := single.objs.L4xdsMaglev.Lookup(uint32(1), &inner); !errors.Is(err, ebpf.ErrKeyNotExist) {
+				t.Fatalf("Maglev table of the service of one backend: %v, want none", err)
+			}
+			for p := uint16(40000); p < 40016; p++ {
+				seg := segment{src: netip.AddrPortFrom(tc.client.Addr(), p), dst: tc.vip, proto: tc.proto, flags: tcpSYN, payload: []byte("x")}
+				wantVerdict, want := table.run(seg.frame())
+				verdict, got := single.run(seg.frame())
+				if verdict != wantVerdict || !bytes.Equal(got, want) || !bytes.Equal(got, seg.to(tc.be.addr).frame()) {
+					t.Fatalf("port %d: verdict %d, %x; with a table %d, %x", p, int32(verdict), got, int32(wantVerdict), want)
+				}
+			}
+			if got, want := single.stats(1), table.stats(1); got != want || got.Packets != 16 {
+				t.Errorf("counters %+v, with a table %+v", got, want)
+			}
+		})
+	}
+
+	// The entry naming a backend of another service: dropped, as a table
+	// slot naming one is.
+	d := newDatapath(t)
+	d.addService(service{id: 1, vip: vip4, proto: protoTCP, backends: []backend{be4a}, single: be4a.id})
+	d.addService(service{id: 2, vip: vip4b, proto: protoTCP, backends: []backend{be4b}, single: be4a.id})
+	if verdict, _ := d.run(syn(client4, vip4b).frame()); verdict != verdictDrop {
+		t.Errorf("verdict %d, want TCX_DROP", int32(verdict))
+	}
+	wantStats(t, d, 2, 0, 0, map[int]uint64{dropNoBackend: 1})
 }
