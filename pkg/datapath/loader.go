@@ -99,6 +99,7 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	if d.staged, err = incompatiblePins(log, spec, dir); err != nil {
 		return nil, err
 	}
+	d.staged = withIDMaps(d.staged)
 	for _, name := range d.staged {
 		spec.Maps[name].Pinning = ebpf.PinNone
 	}
@@ -232,6 +233,28 @@ func (d *Datapath) capacity(maglevSize uint32) capacity {
 		backends:   d.Maps.backends.MaxEntries(),
 		maglevSize: maglevSize,
 	}
+}
+
+// stagedTogether are the maps that hold or name service and backend IDs,
+// which are restored from the services and backends maps. When either is
+// made anew, the new agent assigns new IDs, which must not be written into
+// maps the attached program reads: all of them are made anew together, and
+// the previous program keeps a consistent set until Commit.
+var stagedTogether = []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsBackends, bpf.L4xdsMapL4xdsMaglev,
+	bpf.L4xdsMapL4xdsSrcrange, bpf.L4xdsMapL4xdsCt, bpf.L4xdsMapL4xdsAffinity}
+
+// withIDMaps adds the other ID maps to staged when it holds the services
+// or backends map.
+func withIDMaps(staged []string) []string {
+	if !slices.Contains(staged, bpf.L4xdsMapL4xdsServices) && !slices.Contains(staged, bpf.L4xdsMapL4xdsBackends) {
+		return staged
+	}
+	for _, name := range stagedTogether {
+		if !slices.Contains(staged, name) {
+			staged = append(staged, name)
+		}
+	}
+	return staged
 }
 
 // mapByName is the field of objs that bpf2go tagged with name.

@@ -327,3 +327,72 @@ func TestPrivilegedPinnedMaglevOfUnmappableTablesIsRecreated(t *testing.T) {
 		t.Errorf("a second load recreated a map:\n%s", logs.String())
 	}
 }
+
+// A services map of another layout (an upgrade): the new agent assigns new
+// IDs, so every map that holds or names IDs is made anew, and what it
+// writes reaches the pins only at Commit.
+func TestPrivilegedNewServicesLayoutStagesTheIDMaps(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	dp := load(t, testConfig(root))
+	kept := backendToBPF(7, netip.MustParseAddrPort("192.168.1.10:80"), lb.BackendStateActive)
+	if err := dp.Maps.putBackend(1, kept); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	// The services map as an agent with a shorter value pinned it.
+	spec, err := bpf.LoadL4xds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := spec.Maps[bpf.L4xdsMapL4xdsServices].Copy()
+	old.ValueSize -= 4
+	old.Value = nil
+	path := filepath.Join(root, PinDir, bpf.L4xdsMapL4xdsServices)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ebpf.NewMapWithOptions(old, ebpf.MapOptions{PinPath: filepath.Join(root, PinDir)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+
+	log, _ := testLogger(t)
+	dp, err = Load(log, testConfig(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	for _, name := range stagedTogether {
+		if !slices.Contains(dp.staged, name) {
+			t.Errorf("%s is not made anew with the services map (staged %v)", name, dp.staged)
+		}
+	}
+	moved := backendToBPF(9, netip.MustParseAddrPort("192.168.1.11:80"), lb.BackendStateActive)
+	if err := dp.Maps.putBackend(1, moved); err != nil {
+		t.Fatal(err)
+	}
+	pinnedBackend := func() bpf.L4xdsLbBackend {
+		t.Helper()
+		pinned, err := ebpf.LoadPinnedMap(filepath.Join(root, PinDir, bpf.L4xdsMapL4xdsBackends), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pinned.Close()
+		var be bpf.L4xdsLbBackend
+		if err := pinned.Lookup(uint32(1), &be); err != nil {
+			t.Fatal(err)
+		}
+		return be
+	}
+	if got := pinnedBackend(); got != kept {
+		t.Errorf("before Commit the attached program's backend 1 changed: %+v", got)
+	}
+	if err := dp.Commit(log); err != nil {
+		t.Fatal(err)
+	}
+	if got := pinnedBackend(); got != moved {
+		t.Errorf("after Commit the pinned backend 1 is %+v, want the new agent's", got)
+	}
+}
