@@ -195,25 +195,9 @@ func newApplied(now time.Time, delta bool, n int) *applied {
 // decode decodes each resource of the response and sorts it: rejected
 // (undecodable, of another type, unnamed, a duplicate), not asked for,
 // unchanged, rejected before and unchanged (again), or upserted.
-//
-// A resource whose bytes are those of the accepted resource of its name is
-// not decoded: a SotW server resends every resource of the type with each
-// change of one. Its name is the Delta resource's, or read from the bytes
-// (peekName); the match of the bytes' hash with that entry's makes it
-// exact, as those bytes decoded to that name before.
 func (c *Client) decode(ts *typeState, resp *response, a *applied) {
 	for i, raw := range resp.resources {
-		var (
-			name string
-			msg  proto.Message
-			err  error
-		)
-		value := fingerprintOf(raw.any.GetValue())
-		if known := knownBytes(ts, resp.typeURL, raw, value); known != "" {
-			name = known
-		} else {
-			name, msg, err = decodeResource(resp.typeURL, raw)
-		}
+		name, msg, err := decodeResource(resp.typeURL, raw)
 		if name == "" {
 			// Which cached resource this is cannot be known, so a sweep
 			// could delete a resource that the server still has (A46).
@@ -237,6 +221,7 @@ func (c *Client) decode(ts *typeState, resp *response, a *applied) {
 				continue // not asked for
 			}
 		}
+		value := fingerprintOf(raw.any.GetValue())
 		if err != nil {
 			a.rejected[name] = clip(err.Error())
 			a.badSums[name] = value
@@ -263,59 +248,6 @@ func (c *Client) decode(ts *typeState, resp *response, a *applied) {
 			a.upserted = append(a.upserted, r)
 		}
 	}
-}
-
-// knownBytes is the name of the cached resource that was accepted with
-// exactly these bytes, or "".
-func knownBytes(ts *typeState, typeURL string, raw rawResource, value fingerprint) string {
-	if raw.any.GetTypeUrl() != typeURL {
-		return ""
-	}
-	if raw.name != "" {
-		if e := ts.entries[raw.name]; e != nil && e.accepted.valid() && e.accepted == value {
-			return raw.name
-		}
-		return ""
-	}
-	name := peekName(typeURL, raw.any.GetValue())
-	// Looked up without making a string of it (Go's map index of
-	// string(bytes) does not allocate): one is made for a match only.
-	if e := ts.entries[string(name)]; e != nil && e.accepted.valid() && e.accepted == value {
-		return string(name)
-	}
-	return ""
-}
-
-// peekName reads the name of an encoded Cluster or ClusterLoadAssignment
-// (field 1 of both, a string; the last instance, as a decoder takes it)
-// without decoding the rest; nil for another type, or bytes that do not
-// parse.
-func peekName(typeURL string, b []byte) []byte {
-	if typeURL != ClusterType && typeURL != EndpointType {
-		return nil
-	}
-	var name []byte
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil
-		}
-		b = b[n:]
-		if num == 1 && typ == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return nil
-			}
-			name, b = v, b[n:]
-			continue
-		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
-		if n < 0 {
-			return nil
-		}
-		b = b[n:]
-	}
-	return name
 }
 
 // checkDuplicate records the first instance of a name in a response and
