@@ -25,6 +25,9 @@ type lbList struct {
 			ID      uint32
 			State   string
 			Slots   int
+			// Share of new flows: a service of one backend has no Maglev
+			// table, its backend all of the share with no slot.
+			Share float64
 		}
 		Problems []string
 	}
@@ -80,10 +83,10 @@ func (e *env) mapsDiffer(table map[string][]string) (problems []string, fig maps
 			bes = append(bes, a)
 			slots += b.Slots
 			switch {
-			case b.State == "active" && b.Slots == 0:
-				problems = append(problems, fmt.Sprintf("%s: active backend %s has no Maglev slot", s.Frontend, b.Address))
-			case b.State != "active" && b.Slots > 0:
-				problems = append(problems, fmt.Sprintf("%s: %s backend %s has %d Maglev slots", s.Frontend, b.State, b.Address, b.Slots))
+			case b.State == "active" && b.Share == 0:
+				problems = append(problems, fmt.Sprintf("%s: active backend %s takes no new flows", s.Frontend, b.Address))
+			case b.State != "active" && b.Share > 0:
+				problems = append(problems, fmt.Sprintf("%s: %s backend %s takes %.0f%% of new flows", s.Frontend, b.State, b.Address, 100*b.Share))
 			}
 		}
 		slices.Sort(bes)
