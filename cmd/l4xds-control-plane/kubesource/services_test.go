@@ -154,9 +154,15 @@ func TestServicesOnARealAPIServer(t *testing.T) {
 		t.Errorf("conflicting name: served %s, want the file's cluster", got)
 	}
 
-	// Class changed away: no longer served; its status is left alone.
-	e.update("dns", func(s *corev1.Service) { s.Spec.LoadBalancerClass = new("example.com/other") })
+	// No longer a LoadBalancer: no longer served, and its address is free.
+	e.update("dns", func(s *corev1.Service) {
+		s.Spec.Type, s.Spec.LoadBalancerClass, s.Spec.LoadBalancerSourceRanges = corev1.ServiceTypeClusterIP, nil, nil
+		for i := range s.Spec.Ports {
+			s.Spec.Ports[i].NodePort = 0
+		}
+	})
 	e.expectServed("service/default/dns", "<none>")
+	e.expectStatus("clash", "10.1.2.10(VIP)[53/UDP]", map[string]string{kubesource.ConditionAddress: addrOK + "10.1.2.10"})
 }
 
 const fileCluster = `
