@@ -96,8 +96,9 @@ func New(cfg *rest.Config, opts Options) (*Source, error) {
 	return s, nil
 }
 
-// Run watches the cluster until ctx is done. It returns once the first
-// state has been published, or with the error that prevented it.
+// Run watches the cluster and publishes its state on every change until ctx
+// is done (then it returns nil), or returns the error that prevents it
+// from starting.
 func (s *Source) Run(ctx context.Context) error {
 	bc := record.NewBroadcaster(record.WithContext(ctx))
 	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.kube.CoreV1().Events("")})
