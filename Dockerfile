@@ -25,7 +25,9 @@ ARG TARGETARCH
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
 	CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
 	go build -trimpath -ldflags='-s -w' -o /out/ \
-		./cmd/l4xds-agent ./cmd/l4xds-dbg ./cmd/l4xds-control-plane ./test/l4xds-traffic
+		./cmd/l4xds-agent ./cmd/l4xds-dbg ./test/l4xds-traffic && \
+	CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
+	go build -C cmd/l4xds-control-plane -trimpath -ldflags='-s -w' -o /out/ .
 
 # distroless/static: the binaries are static (CGO_ENABLED=0) and nothing in
 # the chart runs a shell (the probes exec l4xds-dbg directly), so the image

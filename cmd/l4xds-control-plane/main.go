@@ -21,6 +21,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/l4xds/l4xds/cmd/l4xds-control-plane/kubesource"
 	"github.com/l4xds/l4xds/pkg/controlplane"
 	"github.com/l4xds/l4xds/pkg/devcerts"
 )
@@ -98,6 +99,12 @@ The server certificate is valid for localhost, 127.0.0.1, ::1 and --server-name
 
 type serveFlags struct {
 	resources, listen   string
+	kubeconfig          string
+	inCluster           bool
+	lbClass, controller string
+	backendMode         string
+	pools               []string
+	poolsConfigMap      string
 	cert, key, clientCA string
 	insecure            bool
 	logLevel            string
@@ -107,7 +114,7 @@ type serveFlags struct {
 func serveCommand(stderr io.Writer) *cobra.Command {
 	var f serveFlags
 	cmd := &cobra.Command{
-		Use:   "serve --resources FILE (--cert F --key F --client-ca F | --insecure)",
+		Use:   "serve (--resources FILE | --kubeconfig FILE | --in-cluster)... (--cert F --key F --client-ca F | --insecure)",
 		Short: "Serve the resources of FILE over xDS, following its edits",
 		Long: `Serve the Envoy resources of FILE over xDS (ADS, SotW and Delta) and follow
 its changes: edits in place, editors that save by renaming, a FILE deleted and
@@ -132,7 +139,16 @@ FILE, it leaves the last good resources served.
 Clients must present a certificate signed by --client-ca. --cert, --key and
 --client-ca are re-read when they change, so rotated certificates need no
 restart. --insecure serves plaintext to anyone instead, for local experiments
-only.`,
+only.
+
+With --kubeconfig (or --in-cluster) it also serves a Kubernetes cluster: every
+Service of type LoadBalancer whose spec.loadBalancerClass is
+--load-balancer-class becomes one cluster, with an address from the
+--address-pool pools, and every TCPRoute and UDPRoute attached to a Gateway of
+a GatewayClass whose controllerName is --gateway-controller-name one per
+listener. Their status is written back (KEP-1435 port status, conditions,
+Events). With --resources too, both are served; a resource name both publish
+is served from the file and the conflict is logged.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return serve(cmd.Context(), f, stderr)
@@ -147,6 +163,13 @@ only.`,
 	fl.BoolVar(&f.insecure, "insecure", false, "serve plaintext without client authentication (never in production)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug (also every ACK), info, warn (NACKs) or error")
 	fl.BoolVar(&f.skipValidation, "skip-validation", false, "serve resources that break the Envoy API's validation rules (to test clients' NACKs)")
+	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "serve the LoadBalancer Services and Gateway API routes of this cluster (a kubeconfig file) and write their status")
+	fl.BoolVar(&f.inCluster, "in-cluster", false, "like --kubeconfig, for the cluster this pod runs in (its service account)")
+	fl.StringVar(&f.lbClass, "load-balancer-class", kubesource.DefaultLoadBalancerClass, "spec.loadBalancerClass of the Services to serve; others are not touched")
+	fl.StringVar(&f.controller, "gateway-controller-name", kubesource.DefaultControllerName, "spec.controllerName of the GatewayClasses to serve")
+	fl.StringVar(&f.backendMode, "backend-mode", string(kubesource.PodBackends), `where Services' traffic goes: "pod" (the EndpointSlices' pod addresses) or "node-port" (the nodes' InternalIP at the nodePort)`)
+	fl.StringArrayVar(&f.pools, "address-pool", nil, "a pool of VIPs, NAME=CIDR|FIRST-LAST[,...]; repeat for more pools (the first with a free address serves)")
+	fl.StringVar(&f.poolsConfigMap, "address-pools-configmap", "", "NAMESPACE/NAME of a ConfigMap of more pools: one key per pool, the ranges as value; followed live")
 	return cmd
 }
 
@@ -156,8 +179,19 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	if f.resources == "" {
-		return errors.New("--resources is required: the file of resources to serve")
+	kube := f.kubeconfig != "" || f.inCluster
+	if f.resources == "" && !kube {
+		return errors.New("--resources, --kubeconfig or --in-cluster is required: what to serve")
+	}
+	if f.kubeconfig != "" && f.inCluster {
+		return errors.New("--kubeconfig and --in-cluster are exclusive")
+	}
+	var kcfg kubesource.Config
+	if kube {
+		var err error
+		if kcfg, err = kubeConfig(f); err != nil {
+			return err
+		}
 	}
 
 	var tlsConf *tls.Config
@@ -191,5 +225,66 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		opts = append(opts, controlplane.WithoutValidation())
 	}
 	srv := controlplane.NewServer(controlplane.Options{TLS: tlsConf, Logger: log})
-	return srv.Run(ctx, lis, f.resources, opts...)
+	if !kube {
+		return srv.Run(ctx, lis, f.resources, opts...)
+	}
+	defer srv.Stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The file's resources take precedence: a name both publish is served
+	// from the file and reported.
+	sources := controlplane.NewSources(srv, "file", kubesource.SourceName)
+	if f.resources != "" {
+		set := func(res controlplane.Resources) error { _, err := sources.Set("file", res); return err }
+		if err := controlplane.ApplyFile(ctx, f.resources, log, set, opts...); err != nil {
+			lis.Close()
+			return err
+		}
+	}
+	rc, err := kubesource.RESTConfig(f.kubeconfig)
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	src, err := kubesource.New(rc, kubesource.Options{
+		Config:         kcfg,
+		PoolsConfigMap: f.poolsConfigMap,
+		Publish: func(res controlplane.Resources) ([]controlplane.Conflict, error) {
+			return sources.Set(kubesource.SourceName, res)
+		},
+		Logger: log,
+	})
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	errs := make(chan error, 2)
+	go func() { errs <- src.Run(ctx) }()
+	go func() { errs <- srv.Serve(lis) }()
+	select {
+	case <-ctx.Done():
+		srv.Stop()
+		log.Info("Stopped")
+		return nil
+	case err := <-errs:
+		return err
+	}
+}
+
+func kubeConfig(f serveFlags) (kubesource.Config, error) {
+	cfg := kubesource.Config{LoadBalancerClass: f.lbClass, ControllerName: f.controller}
+	switch m := kubesource.BackendMode(f.backendMode); m {
+	case kubesource.PodBackends, kubesource.NodePortBackends:
+		cfg.BackendMode = m
+	default:
+		return cfg, fmt.Errorf("--backend-mode %q: want %q or %q", f.backendMode, kubesource.PodBackends, kubesource.NodePortBackends)
+	}
+	for _, p := range f.pools {
+		pool, err := kubesource.ParsePool(p)
+		if err != nil {
+			return cfg, fmt.Errorf("--address-pool: %w", err)
+		}
+		cfg.Pools = append(cfg.Pools, pool)
+	}
+	return cfg, nil
 }

@@ -48,7 +48,12 @@ func TestServeFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"serve", "--insecure"}, "--resources is required"},
+		{[]string{"serve", "--insecure"}, "--resources, --kubeconfig or --in-cluster is required"},
+		{[]string{"serve", "--insecure", "--kubeconfig", "k", "--in-cluster"}, "--kubeconfig and --in-cluster are exclusive"},
+		{[]string{"serve", "--insecure", "--kubeconfig", "k", "--backend-mode", "pods"}, `--backend-mode "pods": want "pod" or "node-port"`},
+		{[]string{"serve", "--insecure", "--kubeconfig", "k", "--address-pool", "lan"}, `--address-pool: pool "lan": want NAME=CIDR|FIRST-LAST[,...]`},
+		{[]string{"serve", "--insecure", "--kubeconfig", "k", "--address-pool", "lan=10.0.0.9-10.0.0.1"}, `range "10.0.0.9-10.0.0.1": the first address must not be after the last`},
+		{[]string{"serve", "--insecure", "--listen", "127.0.0.1:0", "--kubeconfig", "/nonexistent/kubeconfig"}, "--kubeconfig /nonexistent/kubeconfig"},
 		{[]string{"serve", "--resources", good, "--cert", "c"}, "mutual TLS needs --cert, --key and --client-ca (missing --key, --client-ca), or --insecure"},
 		{[]string{"serve", "--resources", good, "--insecure", "--cert", "c"}, "--insecure cannot be combined"},
 		{[]string{"serve", "--resources", bad, "--insecure", "--listen", "127.0.0.1:0"}, bad + `: document 1 (cluster "a"): unknown field "prot" (line 3)`},

@@ -40,10 +40,14 @@ func binDir(t *testing.T) string {
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", builtDir+"/",
-			"../../cmd/l4xds-agent", "../../cmd/l4xds-dbg", "../../cmd/l4xds-control-plane")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		for _, args := range [][]string{
+			{"build", "-o", builtDir + "/", "../../cmd/l4xds-agent", "../../cmd/l4xds-dbg"},
+			{"build", "-C", "../../cmd/l4xds-control-plane", "-o", builtDir + "/", "."}, // a module of its own
+		} {
+			if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+				return
+			}
 		}
 	})
 	if buildErr != nil {

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -126,6 +127,12 @@ func WatchFile(ctx context.Context, path string, fn func(Resources, error), opts
 // logged as one line naming the file, document and field, and the last good
 // resources stay served.
 func (s *Server) ServeFile(ctx context.Context, path string, opts ...ParseOption) error {
+	return ApplyFile(ctx, path, s.log, s.Set, opts...)
+}
+
+// ApplyFile is ServeFile for any consumer of resources: set is called with
+// the file's resources, then with every good edit, until ctx is done.
+func ApplyFile(ctx context.Context, path string, log *slog.Logger, set func(Resources) error, opts ...ParseOption) error {
 	ctx, cancel := context.WithCancel(ctx)
 	started := make(chan error, 2)
 	first := true
@@ -134,7 +141,7 @@ func (s *Server) ServeFile(ctx context.Context, path string, opts ...ParseOption
 			if first {
 				first = false
 				if err == nil {
-					err = s.Set(res)
+					err = set(res)
 				}
 				if err != nil {
 					cancel()
@@ -143,12 +150,12 @@ func (s *Server) ServeFile(ctx context.Context, path string, opts ...ParseOption
 				return
 			}
 			if err != nil {
-				s.log.Error("Resource file not applied, still serving the last good one", "error", err)
+				log.Error("Resource file not applied, still serving the last good one", "error", err)
 				return
 			}
-			s.log.Info("Resource file changed", "file", path)
-			if err := s.Set(res); err != nil {
-				s.log.Error("Applying resource file", "file", path, "error", err)
+			log.Info("Resource file changed", "file", path)
+			if err := set(res); err != nil {
+				log.Error("Applying resource file", "file", path, "error", err)
 			}
 		}, opts...)
 		started <- err // only read if the watch failed before the first call

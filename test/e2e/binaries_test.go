@@ -26,9 +26,13 @@ func binDir(t *testing.T) string {
 		return dir
 	}
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/l4xds-agent", "../../cmd/l4xds-dbg", "../../cmd/l4xds-control-plane")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	for _, args := range [][]string{
+		{"build", "-o", dir + "/", "../../cmd/l4xds-agent", "../../cmd/l4xds-dbg"},
+		{"build", "-C", "../../cmd/l4xds-control-plane", "-o", dir + "/", "."}, // a module of its own
+	} {
+		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
 	}
 	return dir
 }

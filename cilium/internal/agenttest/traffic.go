@@ -105,13 +105,16 @@ func Bin(tb testing.TB, name string) string {
 	if err != nil {
 		tb.Fatalf("find the root module: %v", err)
 	}
-	pkg := "./cmd/" + name
-	if name == "l4xds-traffic" {
+	pkg, dir := "./cmd/"+name, strings.TrimSpace(string(root))
+	switch name {
+	case "l4xds-traffic":
 		pkg = "./test/l4xds-traffic"
+	case "l4xds-control-plane": // a module of its own
+		pkg, dir = ".", filepath.Join(dir, "cmd", name)
 	}
 	bin := filepath.Join(tb.TempDir(), name)
 	cmd := exec.Command("go", "build", "-o", bin, pkg)
-	cmd.Dir = strings.TrimSpace(string(root))
+	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
 		tb.Fatalf("go build %s: %v: %s", pkg, err, out)
 	}

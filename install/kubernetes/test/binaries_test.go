@@ -25,8 +25,13 @@ var binaries = []string{"l4xds-agent", "l4xds-dbg", "l4xds-control-plane"}
 var (
 	buildDir string
 	build    = sync.OnceValue(func() error {
-		out, err := exec.Command("go", append([]string{"build", "-C", repoRoot, "-o", buildDir + "/"},
-			"./cmd/l4xds-agent", "./cmd/l4xds-dbg", "./cmd/l4xds-control-plane")...).CombinedOutput()
+		out, err := exec.Command("go", "build", "-C", repoRoot, "-o", buildDir+"/",
+			"./cmd/l4xds-agent", "./cmd/l4xds-dbg").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("go build: %v\n%s", err, out)
+		}
+		// The control plane is a module of its own.
+		out, err = exec.Command("go", "build", "-C", repoRoot+"/cmd/l4xds-control-plane", "-o", buildDir+"/", ".").CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("go build: %v\n%s", err, out)
 		}

@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package kubesource
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func TestParsePool(t *testing.T) {
+	tests := []struct {
+		in, want, err string
+	}{
+		{in: "lan=10.0.0.0/30", want: "lan [10.0.0.0-10.0.0.3]"},
+		{in: "lan=10.0.0.5/30", want: "lan [10.0.0.4-10.0.0.7]"},
+		{in: "mixed=10.0.0.1-10.0.0.9, 2001:db8::/127", want: "mixed [10.0.0.1-10.0.0.9 2001:db8::-2001:db8::1]"},
+		{in: "lan", err: `pool "lan": want NAME=CIDR|FIRST-LAST[,...]`},
+		{in: "=10.0.0.0/8", err: `pool "=10.0.0.0/8": want NAME=CIDR|FIRST-LAST[,...]`},
+		{in: "lan=10.0.0.9-10.0.0.1", err: `pool "lan": range "10.0.0.9-10.0.0.1": the first address must not be after the last, both of one family`},
+		{in: "lan=10.0.0.1-2001:db8::1", err: `pool "lan": range "10.0.0.1-2001:db8::1": the first address must not be after the last, both of one family`},
+		{in: "lan=10.0.0.0/33", err: `pool "lan": range "10.0.0.0/33": want a CIDR or FIRST-LAST`},
+	}
+	for _, tt := range tests {
+		p, err := ParsePool(tt.in)
+		if tt.err != "" {
+			if err == nil || !strings.HasPrefix(err.Error(), tt.err) {
+				t.Errorf("%s: error %v, want %q", tt.in, err, tt.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tt.in, err)
+			continue
+		}
+		got := p.Name + " ["
+		for i, r := range p.Ranges {
+			if i > 0 {
+				got += " "
+			}
+			got += r.First.String() + "-" + r.Last.String()
+		}
+		if got += "]"; got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.in, got, tt.want)
+		}
+	}
+}
+
+func contains(s, sub string) bool {
+	return len(sub) <= len(s) && (s[:len(sub)] == sub || contains(s[1:], sub))
+}
+
+func TestEndpointHealth(t *testing.T) {
+	yes, no := new(true), new(false)
+	tests := []struct {
+		name                        string
+		ready, serving, terminating *bool
+		want                        string
+	}{
+		{"conditions unset", nil, nil, nil, "HEALTHY"},
+		{"ready", yes, yes, no, "HEALTHY"},
+		{"terminating, still serving", no, yes, yes, "DRAINING"},
+		{"terminating, not serving", no, no, yes, "none"},
+		{"not ready", no, no, no, "none"},
+	}
+	for _, tt := range tests {
+		h, ok := endpointHealth(discoveryv1.EndpointConditions{Ready: tt.ready, Serving: tt.serving, Terminating: tt.terminating})
+		got := "none"
+		if ok {
+			got = h.String()
+		}
+		if got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestWeightedBackends(t *testing.T) {
+	b := func(a string) backend {
+		return backend{Addr: netip.MustParseAddr(a), Port: 7777, Health: corev3.HealthStatus_HEALTHY}
+	}
+	tests := []struct {
+		name string
+		refs []resolvedRef
+		want string
+	}{
+		{"70/30 over 2 and 1", []resolvedRef{{70, []backend{b("10.0.0.1"), b("10.0.0.2")}}, {30, []backend{b("10.0.0.3")}}}, "10.0.0.1:21000 10.0.0.2:21000 10.0.0.3:18000"},
+		{"a ref without endpoints keeps its share out", []resolvedRef{{80, nil}, {20, []backend{b("10.0.0.3")}}}, "10.0.0.3:12000"},
+		{"weight 0", []resolvedRef{{0, []backend{b("10.0.0.1")}}, {1, []backend{b("10.0.0.2")}}}, "10.0.0.2:60000"},
+		{"one Service in two refs adds up", []resolvedRef{{1, []backend{b("10.0.0.1")}}, {1, []backend{b("10.0.0.1")}}}, "10.0.0.1:60000"},
+		{"tiny shares stay at least 1", []resolvedRef{{1, []backend{b("10.0.0.1")}}, {1000000, []backend{b("10.0.0.2")}}}, "10.0.0.1:1 10.0.0.2:59999"},
+	}
+	for _, tt := range tests {
+		got := ""
+		for i, be := range weightedBackends(tt.refs) {
+			if i > 0 {
+				got += " "
+			}
+			got += fmt.Sprintf("%s:%d", be.Addr, be.Weight)
+		}
+		if got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+	}
+}
+
+// An address held stays with its holder: a newer Service asking for it
+// explicitly gets AddressInUse, even when it sorts first.
+func TestAddressHeldIsNotTakenAway(t *testing.T) {
+	at := metav1.NewTime(time.Unix(1000, 0))
+	svc := func(name string, ip string, held string) *corev1.Service {
+		s := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", CreationTimestamp: at, Annotations: map[string]string{}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: new(DefaultLoadBalancerClass),
+				Ports: []corev1.ServicePort{{Port: 53, Protocol: corev1.ProtocolUDP}}},
+		}
+		if ip != "" {
+			s.Annotations[AnnotationAddresses] = ip
+		}
+		if held != "" {
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: held}}
+		}
+		return s
+	}
+	pool, _ := ParsePool("lan=10.0.0.1-10.0.0.2")
+	out := Build(Config{Pools: Pools{pool}}, State{Services: []*corev1.Service{
+		svc("b-holder", "", "10.0.0.1"),
+		svc("a-newcomer", "10.0.0.1", ""), // same second, sorts first
+	}})
+	for name, want := range map[string]string{"b-holder": "AddressAssigned", "a-newcomer": "AddressInUse"} {
+		so := out.Services[nn(name)]
+		var got string
+		for _, c := range so.Status.Conditions {
+			if c.Type == ConditionAddress {
+				got = c.Reason
+			}
+		}
+		if got != want {
+			t.Errorf("%s: %s, want %s", name, got, want)
+		}
+	}
+}
+
+func nn(name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: "default", Name: name}
+}

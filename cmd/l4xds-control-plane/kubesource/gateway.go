@@ -1,0 +1,454 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package kubesource
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+)
+
+// GatewayState is the Gateway API objects the source reads.
+type GatewayState struct {
+	Classes   []*gatewayv1.GatewayClass
+	Gateways  []*gatewayv1.Gateway
+	TCPRoutes []*gatewayv1.TCPRoute
+	UDPRoutes []*gatewayv1.UDPRoute
+}
+
+// GatewayOutcome is the status of the Gateway API objects of this source.
+// Routes keep the parents of other controllers; only the entries of this
+// controller's parents are in RouteParents.
+type GatewayOutcome struct {
+	Classes      map[string]gatewayv1.GatewayClassStatus
+	Gateways     map[types.NamespacedName]gatewayv1.GatewayStatus
+	TCPRoutes    map[types.NamespacedName][]gatewayv1.RouteParentStatus
+	UDPRoutes    map[types.NamespacedName][]gatewayv1.RouteParentStatus
+	GatewayEvent map[types.NamespacedName][]Event
+}
+
+// gatewayRouteWeight is what the weights of one listener's backendRefs are
+// scaled to before they are divided among each ref's endpoints (endpoint
+// weights are 1..65535).
+const gatewayRouteWeight = 60000
+
+func gatewayClusterName(g *gatewayv1.Gateway, l gatewayv1.SectionName) string {
+	return "gateway/" + g.Namespace + "/" + g.Name + "/" + string(l)
+}
+
+// route is a TCPRoute or UDPRoute reduced to what this source uses.
+type route struct {
+	kind     string // TCPRoute or UDPRoute
+	protocol gatewayv1.ProtocolType
+	obj      metav1.Object
+	parents  []gatewayv1.ParentReference
+	refs     []gatewayv1.BackendRef
+	status   []gatewayv1.RouteParentStatus
+}
+
+type listenerWork struct {
+	gw      *gatewayv1.Gateway
+	l       gatewayv1.Listener
+	cluster *l4Cluster
+	refs    []resolvedRef
+	routes  int32
+}
+
+// resolvedRef is one weighted backendRef of a listener's routes.
+type resolvedRef struct {
+	weight   int32
+	backends []backend
+}
+
+func cond(t string, ok bool, reason, msg string, gen int64) metav1.Condition {
+	s := metav1.ConditionFalse
+	if ok {
+		s = metav1.ConditionTrue
+	}
+	return metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen}
+}
+
+func (c Config) translateGateways(al *allocator, st GatewayState, svcs []*corev1.Service, idx endpointIndex) ([]*l4Cluster, GatewayOutcome) {
+	out := GatewayOutcome{
+		Classes:      map[string]gatewayv1.GatewayClassStatus{},
+		Gateways:     map[types.NamespacedName]gatewayv1.GatewayStatus{},
+		TCPRoutes:    map[types.NamespacedName][]gatewayv1.RouteParentStatus{},
+		UDPRoutes:    map[types.NamespacedName][]gatewayv1.RouteParentStatus{},
+		GatewayEvent: map[types.NamespacedName][]Event{},
+	}
+	ourClasses := map[string]bool{}
+	for _, gc := range st.Classes {
+		if string(gc.Spec.ControllerName) != c.ControllerName {
+			continue
+		}
+		ourClasses[gc.Name] = true
+		s := *gc.Status.DeepCopy()
+		meta.SetStatusCondition(&s.Conditions, cond(string(gatewayv1.GatewayClassConditionStatusAccepted), true, string(gatewayv1.GatewayClassReasonAccepted), "handled by l4xds", gc.Generation))
+		out.Classes[gc.Name] = s
+	}
+
+	var gws []*gatewayv1.Gateway
+	for _, g := range st.Gateways {
+		if ourClasses[string(g.Spec.GatewayClassName)] {
+			gws = append(gws, g)
+		}
+	}
+	slices.SortFunc(gws, func(a, b *gatewayv1.Gateway) int { return byAge(a, b) })
+
+	svcByName := map[types.NamespacedName]*corev1.Service{}
+	for _, s := range svcs {
+		svcByName[types.NamespacedName{Namespace: s.Namespace, Name: s.Name}] = s
+	}
+
+	// Listeners by Gateway, with their addresses.
+	listeners := map[types.NamespacedName][]*listenerWork{}
+	addrs := map[types.NamespacedName][]netip.Addr{}
+	addrErr := map[types.NamespacedName]*addrError{}
+	for _, g := range gws {
+		k := types.NamespacedName{Namespace: g.Namespace, Name: g.Name}
+		h := &holder{owner: "Gateway " + k.String(), ports: map[portKey]bool{}}
+		for _, l := range g.Spec.Listeners {
+			if p, ok := listenerProtocol(l.Protocol); ok {
+				h.ports[portKey{int32(l.Port), p}] = true
+			}
+		}
+		pool := g.Annotations[AnnotationPool]
+		var requested []netip.Addr
+		for _, a := range g.Spec.Addresses {
+			if a.Type != nil && *a.Type != gatewayv1.IPAddressType {
+				addrErr[k] = &addrError{string(gatewayv1.GatewayReasonUnsupportedAddress), fmt.Sprintf("address type %q is not supported: only IPAddress", *a.Type)}
+				continue
+			}
+			ip, err := netip.ParseAddr(a.Value)
+			if err != nil {
+				addrErr[k] = &addrError{string(gatewayv1.GatewayReasonUnsupportedAddress), fmt.Sprintf("%q is not an IP address", a.Value)}
+				continue
+			}
+			requested = append(requested, ip.Unmap())
+		}
+		if addrErr[k] == nil {
+			if len(requested) == 0 {
+				for _, a := range g.Status.Addresses {
+					if ip, err := netip.ParseAddr(a.Value); err == nil && al.request(ip.Unmap(), h, pool) == nil {
+						addrs[k] = append(addrs[k], ip.Unmap())
+					}
+				}
+				if len(addrs[k]) == 0 {
+					a, err := al.allocate(true, h, pool)
+					if err != nil {
+						addrErr[k] = err
+					} else {
+						addrs[k] = append(addrs[k], a)
+					}
+				}
+			}
+			for _, a := range requested {
+				if err := al.request(a, h, pool); err != nil {
+					addrErr[k] = err
+				} else {
+					addrs[k] = append(addrs[k], a)
+				}
+			}
+		}
+		for _, l := range g.Spec.Listeners {
+			listeners[k] = append(listeners[k], &listenerWork{gw: g, l: l})
+		}
+	}
+
+	// Routes: attach to listeners, resolve backendRefs.
+	var routes []*route
+	for _, r := range st.TCPRoutes {
+		var refs []gatewayv1.BackendRef
+		for _, rule := range r.Spec.Rules {
+			refs = append(refs, rule.BackendRefs...)
+		}
+		routes = append(routes, &route{"TCPRoute", gatewayv1.TCPProtocolType, r, r.Spec.ParentRefs, refs, r.Status.Parents})
+	}
+	for _, r := range st.UDPRoutes {
+		var refs []gatewayv1.BackendRef
+		for _, rule := range r.Spec.Rules {
+			refs = append(refs, rule.BackendRefs...)
+		}
+		routes = append(routes, &route{"UDPRoute", gatewayv1.UDPProtocolType, r, r.Spec.ParentRefs, refs, r.Status.Parents})
+	}
+	slices.SortFunc(routes, func(a, b *route) int {
+		return cmp.Or(byAge(a.obj, b.obj), cmp.Compare(a.kind, b.kind))
+	})
+	for _, r := range routes {
+		rk := types.NamespacedName{Namespace: r.obj.GetNamespace(), Name: r.obj.GetName()}
+		resolved, refsOK, refsReason, refsMsg := resolveRefs(r, svcByName, idx)
+		var parents []gatewayv1.RouteParentStatus
+		for _, pr := range r.parents {
+			if (pr.Group != nil && *pr.Group != gatewayv1.GroupName) || (pr.Kind != nil && *pr.Kind != "Gateway") {
+				continue
+			}
+			ns := rk.Namespace
+			if pr.Namespace != nil {
+				ns = string(*pr.Namespace)
+			}
+			gk := types.NamespacedName{Namespace: ns, Name: string(pr.Name)}
+			ls, ok := listeners[gk]
+			if !ok {
+				continue // not a Gateway of ours: its controller writes this parent's status
+			}
+			attached := 0
+			reason, msg := string(gatewayv1.RouteReasonNoMatchingParent), "no listener of the Gateway matches"
+			for _, lw := range ls {
+				if pr.SectionName != nil && *pr.SectionName != lw.l.Name {
+					continue
+				}
+				if pr.Port != nil && *pr.Port != lw.l.Port {
+					continue
+				}
+				if lw.l.Protocol != r.protocol {
+					reason, msg = string(gatewayv1.RouteReasonNotAllowedByListeners), fmt.Sprintf("listener %q is %s, not %s", lw.l.Name, lw.l.Protocol, r.protocol)
+					continue
+				}
+				if !allowedFrom(lw.l, lw.gw.Namespace, rk.Namespace) {
+					reason, msg = string(gatewayv1.RouteReasonNotAllowedByListeners), fmt.Sprintf("listener %q does not allow routes from namespace %s", lw.l.Name, rk.Namespace)
+					continue
+				}
+				if lw.routes > 0 {
+					reason, msg = string(gatewayv1.RouteReasonNotAllowedByListeners), fmt.Sprintf("listener %q already has a %s: an L4 listener serves one route", lw.l.Name, r.kind)
+					continue
+				}
+				lw.routes++
+				lw.refs = resolved
+				attached++
+			}
+			var conds []metav1.Condition
+			for _, old := range r.status {
+				if parentKey(old.ParentRef, rk.Namespace) == parentKey(pr, rk.Namespace) && string(old.ControllerName) == c.ControllerName {
+					conds = slices.Clone(old.Conditions)
+				}
+			}
+			if attached > 0 {
+				meta.SetStatusCondition(&conds, cond(string(gatewayv1.RouteConditionAccepted), true, string(gatewayv1.RouteReasonAccepted), fmt.Sprintf("attached to %d listener(s)", attached), r.obj.GetGeneration()))
+			} else {
+				meta.SetStatusCondition(&conds, cond(string(gatewayv1.RouteConditionAccepted), false, reason, msg, r.obj.GetGeneration()))
+			}
+			meta.SetStatusCondition(&conds, cond(string(gatewayv1.RouteConditionResolvedRefs), refsOK, refsReason, refsMsg, r.obj.GetGeneration()))
+			parents = append(parents, gatewayv1.RouteParentStatus{ParentRef: pr, ControllerName: gatewayv1.GatewayController(c.ControllerName), Conditions: conds})
+		}
+		if r.kind == "TCPRoute" {
+			out.TCPRoutes[rk] = parents
+		} else {
+			out.UDPRoutes[rk] = parents
+		}
+	}
+
+	// Gateways: status and clusters.
+	var clusters []*l4Cluster
+	for _, g := range gws {
+		k := types.NamespacedName{Namespace: g.Namespace, Name: g.Name}
+		s := *g.Status.DeepCopy()
+		s.Addresses = nil
+		for _, a := range addrs[k] {
+			s.Addresses = append(s.Addresses, gatewayv1.GatewayStatusAddress{Type: new(gatewayv1.IPAddressType), Value: a.String()})
+		}
+		meta.SetStatusCondition(&s.Conditions, cond(string(gatewayv1.GatewayConditionAccepted), true, string(gatewayv1.GatewayReasonAccepted), "handled by l4xds", g.Generation))
+		if e := addrErr[k]; e != nil {
+			old := meta.FindStatusCondition(g.Status.Conditions, string(gatewayv1.GatewayConditionProgrammed))
+			if old == nil || old.Message != e.Message {
+				out.GatewayEvent[k] = append(out.GatewayEvent[k], Event{corev1.EventTypeWarning, e.Reason, e.Message})
+			}
+			reason := e.Reason
+			if reason == ReasonPoolExhausted || reason == ReasonAddressInUse || reason == ReasonAddressNotInPool {
+				reason = string(gatewayv1.GatewayReasonAddressNotUsable)
+			}
+			meta.SetStatusCondition(&s.Conditions, cond(string(gatewayv1.GatewayConditionProgrammed), false, reason, e.Message, g.Generation))
+		} else {
+			meta.SetStatusCondition(&s.Conditions, cond(string(gatewayv1.GatewayConditionProgrammed), true, string(gatewayv1.GatewayReasonProgrammed), "serving on "+joinAddrs(addrs[k]), g.Generation))
+		}
+		var lstatus []gatewayv1.ListenerStatus
+		for _, lw := range listeners[k] {
+			ls := gatewayv1.ListenerStatus{Name: lw.l.Name, AttachedRoutes: lw.routes, SupportedKinds: []gatewayv1.RouteGroupKind{}}
+			for _, old := range g.Status.Listeners {
+				if old.Name == lw.l.Name {
+					ls.Conditions = slices.Clone(old.Conditions)
+				}
+			}
+			p, ok := listenerProtocol(lw.l.Protocol)
+			if !ok {
+				meta.SetStatusCondition(&ls.Conditions, cond(string(gatewayv1.ListenerConditionAccepted), false, string(gatewayv1.ListenerReasonUnsupportedProtocol), fmt.Sprintf("l4xds serves TCP and UDP listeners, not %s", lw.l.Protocol), g.Generation))
+				meta.SetStatusCondition(&ls.Conditions, cond(string(gatewayv1.ListenerConditionProgrammed), false, string(gatewayv1.ListenerReasonInvalid), "not served", g.Generation))
+				lstatus = append(lstatus, ls)
+				continue
+			}
+			kind := gatewayv1.Kind("TCPRoute")
+			if p == corev1.ProtocolUDP {
+				kind = "UDPRoute"
+			}
+			ls.SupportedKinds = []gatewayv1.RouteGroupKind{{Group: new(gatewayv1.Group(gatewayv1.GroupName)), Kind: kind}}
+			meta.SetStatusCondition(&ls.Conditions, cond(string(gatewayv1.ListenerConditionAccepted), true, string(gatewayv1.ListenerReasonAccepted), "", g.Generation))
+			meta.SetStatusCondition(&ls.Conditions, cond(string(gatewayv1.ListenerConditionResolvedRefs), true, string(gatewayv1.ListenerReasonResolvedRefs), "", g.Generation))
+			meta.SetStatusCondition(&ls.Conditions, cond(string(gatewayv1.ListenerConditionProgrammed), len(addrs[k]) > 0, string(gatewayv1.ListenerReasonProgrammed), "", g.Generation))
+			if len(addrs[k]) == 0 {
+				meta.SetStatusCondition(&ls.Conditions, cond(string(gatewayv1.ListenerConditionProgrammed), false, string(gatewayv1.ListenerReasonInvalid), "the Gateway has no address", g.Generation))
+			}
+			lstatus = append(lstatus, ls)
+			if len(addrs[k]) == 0 {
+				continue
+			}
+			cl := &l4Cluster{Name: gatewayClusterName(g, lw.l.Name)}
+			for _, a := range addrs[k] {
+				cl.Frontends = append(cl.Frontends, frontend{VIP: a, Port: int32(lw.l.Port), Protocol: string(p)})
+			}
+			cl.Backends = weightedBackends(lw.refs)
+			clusters = append(clusters, cl)
+		}
+		s.Listeners = lstatus
+		out.Gateways[k] = s
+	}
+	return clusters, out
+}
+
+func listenerProtocol(p gatewayv1.ProtocolType) (corev1.Protocol, bool) {
+	switch p {
+	case gatewayv1.TCPProtocolType:
+		return corev1.ProtocolTCP, true
+	case gatewayv1.UDPProtocolType:
+		return corev1.ProtocolUDP, true
+	}
+	return "", false
+}
+
+// allowedFrom applies a listener's allowedRoutes.namespaces (Same by
+// default, All; a Selector is not supported and allows nothing).
+func allowedFrom(l gatewayv1.Listener, gwNS, routeNS string) bool {
+	from := gatewayv1.NamespacesFromSame
+	if l.AllowedRoutes != nil && l.AllowedRoutes.Namespaces != nil && l.AllowedRoutes.Namespaces.From != nil {
+		from = *l.AllowedRoutes.Namespaces.From
+	}
+	switch from {
+	case gatewayv1.NamespacesFromAll:
+		return true
+	case gatewayv1.NamespacesFromSame:
+		return gwNS == routeNS
+	}
+	return false
+}
+
+func parentKey(p gatewayv1.ParentReference, defNS string) string {
+	ns := defNS
+	if p.Namespace != nil {
+		ns = string(*p.Namespace)
+	}
+	var sec string
+	if p.SectionName != nil {
+		sec = string(*p.SectionName)
+	}
+	var port int32
+	if p.Port != nil {
+		port = int32(*p.Port)
+	}
+	return fmt.Sprintf("%s/%s/%s/%d", ns, p.Name, sec, port)
+}
+
+// resolveRefs resolves a route's backendRefs to the endpoints of their
+// Services. A ref that cannot be resolved keeps its weight with no
+// backends, so the weights of the others do not change; the GEP wants its
+// share rejected, which needs a reject share in the metadata and the
+// datapath's Maglev table (not built yet: today the others get it).
+func resolveRefs(r *route, svcs map[types.NamespacedName]*corev1.Service, idx endpointIndex) ([]resolvedRef, bool, string, string) {
+	ok, reason, msg := true, string(gatewayv1.RouteReasonResolvedRefs), "every backendRef resolved"
+	fail := func(rs, m string) {
+		if ok {
+			ok, reason, msg = false, rs, m
+		} else {
+			msg += "; " + m
+		}
+	}
+	var out []resolvedRef
+	for _, ref := range r.refs {
+		w := int32(1)
+		if ref.Weight != nil {
+			w = *ref.Weight
+		}
+		rr := resolvedRef{weight: w}
+		out = append(out, rr)
+		i := len(out) - 1
+		if (ref.Group != nil && *ref.Group != "") || (ref.Kind != nil && *ref.Kind != "Service") {
+			fail(string(gatewayv1.RouteReasonInvalidKind), fmt.Sprintf("backendRef %s: only core Services are supported", ref.Name))
+			continue
+		}
+		ns := r.obj.GetNamespace()
+		if ref.Namespace != nil && string(*ref.Namespace) != ns {
+			fail(string(gatewayv1.RouteReasonRefNotPermitted), fmt.Sprintf("backendRef %s/%s: Services of other namespaces are not supported (no ReferenceGrant support)", *ref.Namespace, ref.Name))
+			continue
+		}
+		sk := types.NamespacedName{Namespace: ns, Name: string(ref.Name)}
+		svc, found := svcs[sk]
+		if !found {
+			fail(string(gatewayv1.RouteReasonBackendNotFound), fmt.Sprintf("Service %s not found", sk))
+			continue
+		}
+		if ref.Port == nil {
+			fail(string(gatewayv1.RouteReasonUnsupportedValue), fmt.Sprintf("backendRef %s: port is required", sk))
+			continue
+		}
+		var sp *corev1.ServicePort
+		for j := range svc.Spec.Ports {
+			if svc.Spec.Ports[j].Port == int32(*ref.Port) {
+				sp = &svc.Spec.Ports[j]
+			}
+		}
+		if sp == nil {
+			fail(string(gatewayv1.RouteReasonBackendNotFound), fmt.Sprintf("Service %s has no port %d", sk, *ref.Port))
+			continue
+		}
+		es := idx[sk]
+		port := slicePort(es, sp.Name, sp.Protocol)
+		if port == 0 {
+			continue // no endpoints yet: the share is rejected
+		}
+		var ready []backend
+		for _, b := range podBackends(es, port) {
+			if b.Health == corev3.HealthStatus_HEALTHY {
+				ready = append(ready, b)
+			}
+		}
+		out[i].backends = ready
+	}
+	return out, ok, reason, msg
+}
+
+// weightedBackends divides each ref's share among its endpoints.
+func weightedBackends(refs []resolvedRef) []backend {
+	var sum int64
+	for _, r := range refs {
+		sum += int64(r.weight)
+	}
+	byAddr := map[string]backend{}
+	for _, r := range refs {
+		if sum == 0 || r.weight == 0 || len(r.backends) == 0 {
+			continue
+		}
+		share := max(1, int64(gatewayRouteWeight)*int64(r.weight)/sum/int64(len(r.backends)))
+		for _, b := range r.backends {
+			key := netip.AddrPortFrom(b.Addr, uint16(b.Port)).String()
+			w := share
+			if old, ok := byAddr[key]; ok { // one Service in two refs
+				w += int64(old.Weight)
+			}
+			b.Weight = uint32(min(w, 65535))
+			byAddr[key] = b
+		}
+	}
+	out := make([]backend, 0, len(byAddr))
+	for _, b := range byAddr {
+		out = append(out, b)
+	}
+	slices.SortFunc(out, func(a, b backend) int {
+		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
+	})
+	return out
+}

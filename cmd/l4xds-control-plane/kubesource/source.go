@@ -1,0 +1,369 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package kubesource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+
+	"github.com/l4xds/l4xds/pkg/controlplane"
+)
+
+// SourceName is the name of this source among the control plane's sources.
+const SourceName = "kubernetes"
+
+// Options of a Source.
+type Options struct {
+	Config
+	// PoolsConfigMap ("NAMESPACE/NAME") holds more pools, one per key:
+	// the key is the pool's name, the value its ranges as in ParsePool.
+	PoolsConfigMap string
+	// Publish receives the resources on every change that alters them.
+	Publish func(controlplane.Resources) ([]controlplane.Conflict, error)
+	Logger  *slog.Logger
+}
+
+// Source watches a cluster and publishes its Services and Gateway API
+// routes as l4xds clusters, and writes their status.
+type Source struct {
+	opts Options
+	log  *slog.Logger
+	kube kubernetes.Interface
+	gw   gwclient.Interface // nil when the cluster has no Gateway API
+	rec  record.EventRecorder
+}
+
+// RESTConfig is the configuration of kubeconfig, or the in-cluster one
+// when kubeconfig is "".
+func RESTConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster Kubernetes configuration (give --kubeconfig outside a cluster): %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+	}
+	return cfg, nil
+}
+
+// New connects to the API server of cfg. The Gateway API is used when the
+// server serves its group.
+func New(cfg *rest.Config, opts Options) (*Source, error) {
+	opts.Config = opts.Config.withDefaults()
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	s := &Source{opts: opts, log: opts.Logger, kube: kube}
+	if _, err := kube.Discovery().ServerResourcesForGroupVersion("gateway.networking.k8s.io/v1"); err == nil {
+		if s.gw, err = gwclient.NewForConfig(cfg); err != nil {
+			return nil, fmt.Errorf("gateway API client: %w", err)
+		}
+	} else {
+		s.log.Info("The cluster serves no Gateway API (gateway.networking.k8s.io/v1): serving Services only", "error", err)
+	}
+	return s, nil
+}
+
+// Run watches the cluster and publishes its state on every change until ctx
+// is done (then it returns nil), or returns the error that prevents it
+// from starting.
+func (s *Source) Run(ctx context.Context) error {
+	bc := record.NewBroadcaster(record.WithContext(ctx))
+	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.kube.CoreV1().Events("")})
+	defer bc.Shutdown()
+	sch := runtime.NewScheme()
+	_ = scheme.AddToScheme(sch)
+	s.rec = bc.NewRecorder(sch, corev1.EventSource{Component: "l4xds-control-plane"})
+
+	trigger := make(chan struct{}, 1)
+	kick := func() {
+		select {
+		case trigger <- struct{}{}:
+		default:
+		}
+	}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { kick() },
+		UpdateFunc: func(any, any) { kick() },
+		DeleteFunc: func(any) { kick() },
+	}
+	const resync = 10 * time.Minute
+	f := informers.NewSharedInformerFactory(s.kube, resync)
+	svcs, slices_, nodes := f.Core().V1().Services(), f.Discovery().V1().EndpointSlices(), f.Core().V1().Nodes()
+	for _, inf := range []cache.SharedIndexInformer{svcs.Informer(), slices_.Informer(), nodes.Informer()} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return err
+		}
+	}
+	var cms informers.SharedInformerFactory
+	var cmNS, cmName string
+	if s.opts.PoolsConfigMap != "" {
+		var ok bool
+		cmNS, cmName, ok = strings.Cut(s.opts.PoolsConfigMap, "/")
+		if !ok || cmNS == "" || cmName == "" {
+			return fmt.Errorf("address pools ConfigMap %q: want NAMESPACE/NAME", s.opts.PoolsConfigMap)
+		}
+		cms = informers.NewSharedInformerFactoryWithOptions(s.kube, resync, informers.WithNamespace(cmNS))
+		if _, err := cms.Core().V1().ConfigMaps().Informer().AddEventHandler(handler); err != nil {
+			return err
+		}
+	}
+	var gf gwinformers.SharedInformerFactory
+	if s.gw != nil {
+		gf = gwinformers.NewSharedInformerFactory(s.gw, resync)
+		g := gf.Gateway().V1()
+		for _, inf := range []cache.SharedIndexInformer{g.GatewayClasses().Informer(), g.Gateways().Informer(), g.TCPRoutes().Informer(), g.UDPRoutes().Informer()} {
+			if _, err := inf.AddEventHandler(handler); err != nil {
+				return err
+			}
+		}
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	if cms != nil {
+		cms.Start(ctx.Done())
+		defer cms.Shutdown()
+	}
+	if gf != nil {
+		gf.Start(ctx.Done())
+		defer gf.Shutdown()
+	}
+	for t, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("syncing %v from the API server: %w", t, context.Cause(ctx))
+		}
+	}
+	if cms != nil {
+		cms.WaitForCacheSync(ctx.Done())
+	}
+	if gf != nil {
+		gf.WaitForCacheSync(ctx.Done())
+	}
+
+	read := func() (State, Pools, error) {
+		var st State
+		var err error
+		if st.Services, err = svcs.Lister().List(labels.Everything()); err != nil {
+			return st, nil, err
+		}
+		if st.EndpointSlices, err = slices_.Lister().List(labels.Everything()); err != nil {
+			return st, nil, err
+		}
+		if st.Nodes, err = nodes.Lister().List(labels.Everything()); err != nil {
+			return st, nil, err
+		}
+		if gf != nil {
+			g := gf.Gateway().V1()
+			st.Gateway.Classes, _ = g.GatewayClasses().Lister().List(labels.Everything())
+			st.Gateway.Gateways, _ = g.Gateways().Lister().List(labels.Everything())
+			st.Gateway.TCPRoutes, _ = g.TCPRoutes().Lister().List(labels.Everything())
+			st.Gateway.UDPRoutes, _ = g.UDPRoutes().Lister().List(labels.Everything())
+		}
+		pools := slices.Clone(s.opts.Pools)
+		if cms != nil {
+			cm, err := cms.Core().V1().ConfigMaps().Lister().ConfigMaps(cmNS).Get(cmName)
+			if err == nil {
+				more, perr := PoolsFromConfigMap(cm.Data)
+				if perr != nil {
+					return st, nil, fmt.Errorf("ConfigMap %s: %w", s.opts.PoolsConfigMap, perr)
+				}
+				pools = append(pools, more...)
+			}
+		}
+		return st, pools, nil
+	}
+
+	first := true
+	var lastPoolErr string
+	for {
+		st, pools, err := read()
+		if err != nil {
+			// A bad pool ConfigMap keeps the last good state served.
+			if err.Error() != lastPoolErr {
+				s.log.Error("Kubernetes state not applied", "error", err)
+				lastPoolErr = err.Error()
+			}
+		} else {
+			lastPoolErr = ""
+			cfg := s.opts.Config
+			cfg.Pools = pools
+			out := Build(cfg, st)
+			_, err := s.opts.Publish(out.Resources)
+			if err != nil {
+				s.log.Error("Publishing the Kubernetes resources", "error", err)
+			}
+			s.writeStatus(ctx, st, out)
+			if first {
+				s.log.Info("Kubernetes source synced", "services", len(out.Services), "resources", out.Resources.Len())
+				first = false
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-trigger:
+		}
+	}
+}
+
+// PoolsFromConfigMap reads pools from a ConfigMap's data: one key per pool,
+// its ranges as the value (comma or newline separated).
+func PoolsFromConfigMap(data map[string]string) (Pools, error) {
+	var out Pools
+	for _, name := range slices.Sorted(maps.Keys(data)) {
+		v := strings.Join(strings.Fields(strings.ReplaceAll(data[name], ",", " ")), ",")
+		p, err := ParsePool(name + "=" + v)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// writeStatus writes the status of the objects whose status differs from
+// what the outcome says, and records the outcome's Events on them.
+func (s *Source) writeStatus(ctx context.Context, st State, out Outcome) {
+	for _, svc := range st.Services {
+		k := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+		so, ok := out.Services[k]
+		if !ok {
+			continue
+		}
+		if equality.Semantic.DeepEqual(svc.Status, so.Status) {
+			continue
+		}
+		upd := svc.DeepCopy()
+		upd.Status = so.Status
+		if _, err := s.kube.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			s.statusError("Service", k, err)
+			continue
+		}
+		for _, e := range so.Events {
+			s.rec.Event(svc, e.Type, e.Reason, e.Message)
+		}
+	}
+	s.writeGatewayStatus(ctx, st.Gateway, out.Gateway)
+}
+
+// statusError logs a failed status write; the next change of the object
+// (or the periodic resync) retries it.
+func (s *Source) statusError(kind string, k types.NamespacedName, err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	s.log.Warn("Writing status (retried on the next change)", "kind", kind, "name", k.String(), "error", err)
+}
+
+func (s *Source) writeGatewayStatus(ctx context.Context, st GatewayState, out GatewayOutcome) {
+	if s.gw == nil {
+		return
+	}
+	g := s.gw.GatewayV1()
+	for _, gc := range st.Classes {
+		want, ok := out.Classes[gc.Name]
+		if !ok || equality.Semantic.DeepEqual(gc.Status, want) {
+			continue
+		}
+		upd := gc.DeepCopy()
+		upd.Status = want
+		if _, err := g.GatewayClasses().UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			s.statusError("GatewayClass", types.NamespacedName{Name: gc.Name}, err)
+		}
+	}
+	for _, gw := range st.Gateways {
+		k := types.NamespacedName{Namespace: gw.Namespace, Name: gw.Name}
+		want, ok := out.Gateways[k]
+		if !ok || equality.Semantic.DeepEqual(gw.Status, want) {
+			continue
+		}
+		upd := gw.DeepCopy()
+		upd.Status = want
+		if _, err := g.Gateways(gw.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			s.statusError("Gateway", k, err)
+			continue
+		}
+		for _, e := range out.GatewayEvent[k] {
+			s.rec.Event(gw, e.Type, e.Reason, e.Message)
+		}
+	}
+	for _, r := range st.TCPRoutes {
+		k := types.NamespacedName{Namespace: r.Namespace, Name: r.Name}
+		want, ok := out.TCPRoutes[k]
+		if !ok {
+			continue
+		}
+		parents := mergeParents(r.Status.Parents, want, s.opts.ControllerName)
+		if equality.Semantic.DeepEqual(r.Status.Parents, parents) {
+			continue
+		}
+		upd := r.DeepCopy()
+		upd.Status.Parents = parents
+		if _, err := g.TCPRoutes(r.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			s.statusError("TCPRoute", k, err)
+		}
+	}
+	for _, r := range st.UDPRoutes {
+		k := types.NamespacedName{Namespace: r.Namespace, Name: r.Name}
+		want, ok := out.UDPRoutes[k]
+		if !ok {
+			continue
+		}
+		parents := mergeParents(r.Status.Parents, want, s.opts.ControllerName)
+		if equality.Semantic.DeepEqual(r.Status.Parents, parents) {
+			continue
+		}
+		upd := r.DeepCopy()
+		upd.Status.Parents = parents
+		if _, err := g.UDPRoutes(r.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			s.statusError("UDPRoute", k, err)
+		}
+	}
+}
+
+// mergeParents keeps the parents of other controllers and replaces ours.
+func mergeParents(old, ours []gatewayv1.RouteParentStatus, controller string) []gatewayv1.RouteParentStatus {
+	var out []gatewayv1.RouteParentStatus
+	for _, p := range old {
+		if string(p.ControllerName) != controller {
+			out = append(out, p)
+		}
+	}
+	out = append(out, ours...)
+	if len(out) == 0 {
+		return old
+	}
+	return out
+}
