@@ -72,7 +72,7 @@ func (fe *fieldError) in(kind, name string) error {
 }
 
 var (
-	serviceKeys  = []string{"vip", "port", "protocol", "frontends", "source_ranges", "session_affinity_timeout"}
+	serviceKeys  = []string{"vip", "port", "protocol", "frontends", "source_ranges", "session_affinity_timeout", "reject_weight"}
 	frontendKeys = []string{"vip", "port", "protocol", "target_port"}
 )
 
@@ -148,6 +148,14 @@ func translateMetadata(name string, fields map[string]*structpb.Value) (*Service
 		}
 		spec.Service.SessionAffinity = true
 		spec.Service.SessionAffinityTimeout = d
+	}
+
+	if v, ok := fields["reject_weight"]; ok {
+		w, fe := weightValue(v, path+".reject_weight")
+		if fe != nil {
+			return nil, fe
+		}
+		spec.Service.RejectWeight = w
 	}
 	return spec, nil
 }
@@ -316,6 +324,17 @@ func stringValue(v *structpb.Value, path string) (string, *fieldError) {
 // portValue reads a port. Struct numbers are float64: anything that is not
 // an integer in 1..65535 is an error, never rounded.
 func portValue(v *structpb.Value, path string) (uint16, *fieldError) {
+	return uint16Value(v, path, 1)
+}
+
+// weightValue reads a weight on the scale of the endpoints'
+// load_balancing_weight: 0..65535.
+func weightValue(v *structpb.Value, path string) (uint16, *fieldError) {
+	return uint16Value(v, path, 0)
+}
+
+// uint16Value reads an integer lo..65535.
+func uint16Value(v *structpb.Value, path string, lo float64) (uint16, *fieldError) {
 	n, ok := v.GetKind().(*structpb.Value_NumberValue)
 	if !ok {
 		return 0, fieldErrorf(path, "want a number, got %s", describe(v))
@@ -324,8 +343,8 @@ func portValue(v *structpb.Value, path string) (uint16, *fieldError) {
 	if math.IsNaN(f) || math.IsInf(f, 0) || f != math.Trunc(f) {
 		return 0, fieldErrorf(path, "%s is not an integer", formatNumber(f))
 	}
-	if f < 1 || f > 65535 {
-		return 0, fieldErrorf(path, "%s is out of range 1..65535", formatNumber(f))
+	if f < lo || f > 65535 {
+		return 0, fieldErrorf(path, "%s is out of range %s..65535", formatNumber(f), formatNumber(lo))
 	}
 	return uint16(f), nil
 }

@@ -28,6 +28,9 @@ func specString(s *ServiceSpec) string {
 	if s.Service.SessionAffinity {
 		fmt.Fprintf(&b, " affinity=%s", s.Service.SessionAffinityTimeout)
 	}
+	if s.Service.RejectWeight > 0 {
+		fmt.Fprintf(&b, " reject=%d", s.Service.RejectWeight)
+	}
 	b.WriteString("\n")
 	for _, fe := range s.Frontends {
 		fmt.Fprintf(&b, "frontend %s %s svc=%s", fe.Address, fe.Type, fe.ServiceName)
@@ -92,7 +95,7 @@ func l4lbCluster(meta string) string {
 }
 
 func TestTranslateCluster(t *testing.T) {
-	const known = "(known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout)"
+	const known = "(known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout, reject_weight)"
 	tests := []struct {
 		name    string
 		cluster string // YAML
@@ -176,6 +179,16 @@ func TestTranslateCluster(t *testing.T) {
 			name:    "session_affinity_timeout in seconds",
 			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, session_affinity_timeout: "10800s"}`),
 			want:    "service db source=xds affinity=3h0m0s\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "reject_weight",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, reject_weight: 30}`),
+			want:    "service db source=xds reject=30\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "reject_weight 0 is none",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, reject_weight: 0}`),
+			want:    "service db source=xds\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
 		},
 
 		// Discovery.
@@ -288,6 +301,21 @@ load_assignment:
 			name:    "port missing",
 			cluster: l4lbCluster(`{vip: "10.1.2.3"}`),
 			wantErr: `cluster "db": io.cilium.l4lb.port: required`,
+		},
+		{
+			name:    "reject_weight not a number",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, reject_weight: "30"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.reject_weight: want a number, got string "30"`,
+		},
+		{
+			name:    "reject_weight out of range",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, reject_weight: 70000}`),
+			wantErr: `cluster "db": io.cilium.l4lb.reject_weight: 70000 is out of range 0..65535`,
+		},
+		{
+			name:    "reject_weight not an integer",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, reject_weight: 2.5}`),
+			wantErr: `cluster "db": io.cilium.l4lb.reject_weight: 2.5 is not an integer`,
 		},
 		{
 			name:    "port too large",

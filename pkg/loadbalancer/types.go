@@ -162,6 +162,11 @@ type Service struct {
 	SessionAffinityTimeout time.Duration `yaml:"sessionAffinityTimeout"`
 	// PortNames maps a port name to a frontend port.
 	PortNames map[string]uint16 `yaml:"portNames"`
+	// RejectWeight is a share of new flows, weighed against the backends'
+	// weights, that is refused (TCP RST, ICMP port unreachable) rather
+	// than served: a weighted route's share of a backend that does not
+	// exist (GEP-2645).
+	RejectWeight uint16 `yaml:"rejectWeight"`
 }
 
 func (s *Service) Clone() *Service { s2 := *s; return &s2 }
