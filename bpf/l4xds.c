@@ -62,7 +62,8 @@ struct {
 /* Maglev tables: service id -> array of maglev_size backend ids. A new
  * service's table is made and inserted whole; an existing one is rewritten
  * in place, its new backends written before and its old ones deleted after,
- * so every slot a packet reads names a live backend of the service. The
+ * so every slot a packet reads names a live backend of the service, or 0:
+ * the service's share of new flows to refuse (reject_weight). The
  * agent writes the slots through a memory mapping (BPF_F_MMAPABLE), not
  * the update syscall. */
 struct lb_maglev_inner {
@@ -1258,6 +1259,12 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 		if (!id)
 			goto no_backend;
 		backend_id = *id;
+		/* Backend 0 is never a backend: its slots are the service's
+		 * share of new flows to refuse (reject_weight). */
+		if (!backend_id) {
+			count_drop(svc_id, LB_DROP_NO_BACKEND);
+			return VERDICT_REJECT;
+		}
 	}
 	if (!be) {
 		be = bpf_map_lookup_elem(&l4xds_backends, &backend_id);

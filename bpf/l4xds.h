@@ -153,7 +153,7 @@ struct lb_src_range_key {
 };
 
 enum {
-	LB_DROP_NO_BACKEND = 0,   /* no usable backend: rejected (RST / ICMP) */
+	LB_DROP_NO_BACKEND = 0,   /* no usable backend, or the reject share: rejected (RST / ICMP) */
 	LB_DROP_SOURCE_RANGE = 1, /* client outside the source ranges */
 	LB_DROP_UNKNOWN_PORT = 2, /* a VIP, but no service on this port/protocol */
 	LB_DROP_FRAGMENT = 3,     /* later IP fragment to a VIP whose first fragment was not seen */

@@ -11,6 +11,7 @@ package sink
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,8 +42,8 @@ func ServiceName(name lb.ServiceName) clb.ServiceName {
 }
 
 // New returns the sink that writes through Cilium's Writer.
-func New(w *writer.Writer) l4lb.Sink {
-	return &Sink{w: w, services: map[lb.ServiceName]*service{}}
+func New(w *writer.Writer, log *slog.Logger) l4lb.Sink {
+	return &Sink{w: w, log: log, services: map[lb.ServiceName]*service{}}
 }
 
 // Sink is an l4lb.Sink over Cilium's Writer.
@@ -57,8 +58,13 @@ func New(w *writer.Writer) l4lb.Sink {
 //     backends of the other priorities are written in Maintenance (kept,
 //     no new flows) and rewritten when the active priority changes. So is
 //     a backend of weight 0.
+//
+// One it cannot say at all: a reject share (RejectWeight). Cilium's Maglev
+// tables name only backends, so the share goes to the backends instead,
+// and the sink says so in a warning each time a service gets one.
 type Sink struct {
-	w *writer.Writer
+	w   *writer.Writer
+	log *slog.Logger
 	// services remembers what each service's rows were made from, so that a
 	// change of its frontends' target ports rewrites its backends. Guarded
 	// by the tables' write lock: only a WriteTxn touches it.
@@ -68,6 +74,7 @@ type Sink struct {
 type service struct {
 	ports    []portName // one per (protocol, target port) of the frontends
 	backends []lb.BackendParams
+	reject   uint16 // the RejectWeight last written
 }
 
 // portName is one (protocol, target port) of a service: the backends its
@@ -152,6 +159,11 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 		return fmt.Errorf("service %q: %w", svc.Name, err)
 	}
 	st := t.s.state(svc.Name)
+	if svc.RejectWeight != st.reject && svc.RejectWeight > 0 {
+		t.s.log.Warn("xDS service asks for a reject share that Cilium cannot serve: those new flows go to its backends instead of being refused",
+			"service", svc.Name, "reject_weight", svc.RejectWeight)
+	}
+	st.reject = svc.RejectWeight
 	if slices.Equal(st.ports, ports) {
 		return nil
 	}
@@ -173,7 +185,7 @@ func (t *txn) DeleteServiceAndFrontends(name lb.ServiceName) error {
 		return fmt.Errorf("service %q: %w", name, err)
 	}
 	if st := t.s.services[name]; st != nil {
-		st.ports = nil
+		st.ports, st.reject = nil, 0
 		t.s.forget(name, st)
 	}
 	return nil
@@ -197,7 +209,7 @@ func (s *Sink) state(name lb.ServiceName) *service {
 }
 
 func (s *Sink) forget(name lb.ServiceName, st *service) {
-	if st.ports == nil && st.backends == nil {
+	if st.ports == nil && st.backends == nil && st.reject == 0 {
 		delete(s.services, name)
 	}
 }

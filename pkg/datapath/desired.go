@@ -17,6 +17,9 @@ type desiredService struct {
 	backends []desiredBackend
 	// usable counts the backends that take new flows (usable is set).
 	usable int
+	// reject is the weight of the share of new flows to refuse: Maglev
+	// slots of backend 0.
+	reject uint16
 	// flags and affinityTimeout (seconds) of the l4xds_services entry.
 	flags           uint32
 	affinityTimeout uint32
@@ -74,6 +77,11 @@ func (d *desiredService) set(fe *lb.Frontend) {
 	}
 
 	if svc := fe.Service; svc != nil {
+		if d.usable > 0 {
+			// Without a backend for new flows, every new flow is
+			// refused anyway.
+			d.reject = svc.RejectWeight
+		}
 		if len(svc.SourceRanges) > 0 {
 			d.flags |= svcFlagSourceRanges
 			for _, p := range svc.SourceRanges {
@@ -96,6 +104,15 @@ func normalPrefix(p netip.Prefix) netip.Prefix {
 		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
 	}
 	return p.Masked()
+}
+
+// tableEntries counts what the Maglev table is made of: the usable
+// backends and the reject share. Fewer than two need no table.
+func (d *desiredService) tableEntries() int {
+	if d.reject > 0 {
+		return d.usable + 1
+	}
+	return d.usable
 }
 
 func (b *desiredBackend) takesNewFlows() bool {

@@ -74,10 +74,11 @@ type service struct {
 	value   bpf.L4xdsLbSvc
 	written bool
 	// table says whether l4xds_maglev has a table for the service;
-	// tableCount is the number of backends in it (those of non-zero
-	// backend.weight).
+	// tableCount is the number of its entries: the backends of non-zero
+	// backend.weight, and the reject share if its weight, reject, is not 0.
 	table      tableState
 	tableCount uint32
+	reject     uint16
 	// backends are the service's l4xds_backends entries by address.
 	backends map[netip.AddrPort]backend
 	// ranges are its l4xds_srcrange entries; nil for none, as most

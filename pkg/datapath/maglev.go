@@ -55,6 +55,10 @@ const (
 	maglevSkipSeed   = "l4xds-maglev-skip"
 )
 
+// rejectKey places the reject share (backend 0) in a table; no backend's
+// key, an address, is this.
+var rejectKey = []byte("reject")
+
 // The FNV-1a states after each seed, where every key's hash starts.
 var (
 	maglevOffsetBasis = fnv1a(fnv1aOffset, []byte(maglevOffsetSeed))

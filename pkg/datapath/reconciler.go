@@ -199,10 +199,13 @@ type step struct {
 	usable          int
 	flags           uint32
 	affinityTimeout uint32
-	// single is the one usable backend's ID when there is one: the
-	// service then has no Maglev table (every slot would name it).
+	// single is the one usable backend's ID when there is one and no
+	// reject share: the service then has no Maglev table (every slot
+	// would name it).
 	single uint32
-	ranges []netip.Prefix
+	// tableless: none or one of backends and reject share; no table.
+	tableless bool
+	ranges    []netip.Prefix
 	// removed are the backends no longer listed.
 	removed []netip.AddrPort
 }
@@ -237,6 +240,8 @@ func (o *ops) prepare(st *step) (err error) {
 		}
 	}()
 	st.usable, st.flags, st.affinityTimeout = d.usable, d.flags, d.affinityTimeout
+	entries := d.tableEntries()
+	st.tableless = entries <= 1
 	if len(d.ranges) > 0 || len(svc.ranges) > 0 {
 		st.ranges = slices.Clone(d.ranges)
 	}
@@ -244,7 +249,7 @@ func (o *ops) prepare(st *step) (err error) {
 	// The table changes if a backend joins it, leaves it or changes
 	// weight: a backend left out of the loop below leaves it if the
 	// count of those in it differs.
-	changed := force || svc.table != tableWritten || svc.tableCount != uint32(d.usable)
+	changed := force || svc.table != tableWritten || svc.tableCount != uint32(entries) || svc.reject != d.reject
 	ids, values, addrs := o.beIDs[:0], o.beValues[:0], o.beAddrs[:0]
 	for _, want := range d.backends {
 		be, err := o.reg.backend(svc, want.addr)
@@ -261,7 +266,7 @@ func (o *ops) prepare(st *step) (err error) {
 		if want.usable {
 			weight = max(want.weight, 1)
 			o.maglev.addAddr(be.id, want.addr, want.weight)
-			if d.usable == 1 {
+			if entries == 1 {
 				st.single = be.id
 			}
 		}
@@ -295,11 +300,14 @@ func (o *ops) prepare(st *step) (err error) {
 		}
 	}
 	// No table for none or one backend: finish deletes one left over.
-	if d.usable <= 1 || !changed {
+	if st.tableless || !changed {
 		o.maglev.reset()
 		return nil
 	}
-	svc.tableCount = uint32(d.usable)
+	if d.reject > 0 {
+		o.maglev.add(0, rejectKey, d.reject)
+	}
+	svc.tableCount, svc.reject = uint32(entries), d.reject
 	if svc.table == tableNone {
 		// A new table is built, not only made, while the reconciler goes
 		// on: the build is most of a new service's time here.
@@ -335,7 +343,7 @@ func (o *ops) fits(addr lb.L3n4Addr, d *desiredService) error {
 	if svc == nil && o.reg.serviceIDs.free() == 0 {
 		return fmt.Errorf("the service map is full: it holds %d frontends; --lb-service-map-max raises the limit", o.capacity.services)
 	}
-	if d.usable > int(o.capacity.maglevSize) {
+	if d.tableEntries() > int(o.capacity.maglevSize) {
 		return fmt.Errorf("%d usable backends do not fit a Maglev table of %d slots; --lb-maglev-table-size raises it (a prime)", d.usable, o.capacity.maglevSize)
 	}
 	free := o.reg.backendIDs.free()
@@ -382,11 +390,11 @@ func (o *ops) finish(st *step) error {
 
 	// With count 0, or a single backend, written, the table is no longer
 	// read.
-	if st.usable <= 1 && (force || svc.table != tableNone) {
+	if st.tableless && (force || svc.table != tableNone) {
 		if err := o.maps.deleteMaglevs([]uint32{svc.id}); err != nil {
 			return err
 		}
-		svc.table, svc.tableCount = tableNone, 0
+		svc.table, svc.tableCount, svc.reject = tableNone, 0, 0
 	}
 
 	for p := range svc.ranges {

@@ -227,6 +227,10 @@ func (c contents) shares(t *testing.T, svcID uint32) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for _, id := range table {
+		if id == 0 {
+			out["reject"] += 100 / float64(len(table))
+			continue
+		}
 		b, ok := c.backends[id]
 		if !ok || b.ServiceID != svcID {
 			t.Fatalf("service %d: the Maglev table names backend %d, not one of its backends", svcID, id)
@@ -504,4 +508,51 @@ func TestPrivilegedTablesAreInsertedTogetherAndRewrittenInPlace(t *testing.T) {
 	if got := c.backendsOf(first.ID); got != "" || c.services[first.Frontend].Count != 0 {
 		t.Errorf("emptied service: backends %q, count %d", got, c.services[first.Frontend].Count)
 	}
+}
+
+// A reject share is slots of backend 0 in the service's table, weighed
+// against the backends; one backend with a reject share needs a table.
+func TestPrivilegedRejectShareIsSlotsOfBackendZero(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	a := startAgent(t, testConfig(root))
+	svc := func(reject uint16) *lb.Service {
+		return &lb.Service{Name: "route", Source: lb.SourceXDS, RejectWeight: reject}
+	}
+	a.upsert(t, svc(30), "10.0.0.1:80/UDP")
+	a.setBackends(t, "route", "192.168.0.1:80,w=70")
+	a.initialize(t)
+	a.reconciled(t)
+	near := func(got, want float64) bool { return got > want-1 && got < want+1 }
+	check := func(when string, want map[string]float64) {
+		t.Helper()
+		c := readMaps(t, root)
+		s := c.services[fe("10.0.0.1:80/UDP")]
+		got := c.shares(t, s.ID)
+		if len(got) != len(want) {
+			t.Fatalf("%s: shares %v, want %v", when, got, want)
+		}
+		for k, w := range want {
+			if !near(got[k], w) {
+				t.Errorf("%s: share of %s %.1f%%, want %.0f ± 1 (all: %v)", when, k, got[k], w, got)
+			}
+		}
+	}
+	check("one backend of weight 70, reject 30", map[string]float64{"192.168.0.1:80": 70, "reject": 30})
+
+	a.setBackends(t, "route", "192.168.0.1:80,w=40", "192.168.0.2:80,w=30")
+	a.reconciled(t)
+	check("two backends, reject 30", map[string]float64{"192.168.0.1:80": 40, "192.168.0.2:80": 30, "reject": 30})
+
+	a.upsert(t, svc(0), "10.0.0.1:80/UDP")
+	a.reconciled(t)
+	check("reject 0", map[string]float64{"192.168.0.1:80": 57.1, "192.168.0.2:80": 42.9})
+
+	a.upsert(t, svc(30), "10.0.0.1:80/UDP")
+	a.setBackends(t, "route", "192.168.0.1:80,w=70")
+	a.reconciled(t)
+	a.upsert(t, svc(0), "10.0.0.1:80/UDP")
+	a.reconciled(t)
+	// The one backend again, with no table.
+	check("one backend, reject 0", map[string]float64{"192.168.0.1:80": 100})
 }

@@ -115,6 +115,22 @@ Frontend               Service   Backend                    State         Slots 
 `,
 		},
 		{
+			name: "a reject share: slots of backend 0",
+			in: lbMaps{
+				services: []datapath.ServiceEntry{svcEntry("10.1.2.6:53/UDP", 8, 1)},
+				backends: []datapath.BackendEntry{beEntry(14, "192.168.1.30:53", lb.BackendStateActive, 8)},
+				maglev:   map[uint32][]uint32{8: maglevTable(map[uint32]int{14: 715, 0: 306})},
+				stats:    map[uint32]datapath.Stats{},
+			},
+			want: `
+Frontend          Service   Backend                      State    Slots   Share
+10.1.2.6:53/UDP   8         192.168.1.30:53 (id 14)      active   715     70.0%
+                            reject (new flows refused)            306     30.0%
+                            0 packets, 0 bytes, drops: none
+1 service, 1 backend
+`,
+		},
+		{
 			name: "one backend: named by the service entry, no Maglev table",
 			in: lbMaps{
 				services: []datapath.ServiceEntry{

@@ -131,7 +131,11 @@ type lbService struct {
 	TakesNewFlows bool `json:"takesNewFlows"`
 	// MaglevSlots is the size of the Maglev table; 0 for a service of one
 	// backend, which needs none.
-	MaglevSlots int         `json:"maglevSlots"`
+	MaglevSlots int `json:"maglevSlots"`
+	// RejectSlots of the Maglev table refuse new flows (reject_weight),
+	// RejectShare percent of them.
+	RejectSlots int         `json:"rejectSlots,omitempty"`
+	RejectShare float64     `json:"rejectShare,omitempty"`
 	Backends    []lbBackend `json:"backends"`
 	Packets     uint64      `json:"packets"`
 	Bytes       uint64      `json:"bytes"`
@@ -230,6 +234,9 @@ func newLBService(s datapath.ServiceEntry, backends []datapath.BackendEntry, ran
 	for _, id := range table {
 		slots[id]++
 	}
+	// Backend 0 is never a backend: its slots are the reject share.
+	out.RejectSlots, out.RejectShare = slots[0], share(slots[0], len(table))
+	delete(slots, 0)
 	single := false
 	for _, b := range sortedBackends(backends) {
 		n := slots[b.ID]
@@ -256,8 +263,8 @@ func newLBService(s datapath.ServiceEntry, backends []datapath.BackendEntry, ran
 	case s.Backend != 0:
 	case len(table) == 0:
 		out.Problems = append([]string{fmt.Sprintf("%d backends take new flows but the Maglev table is missing: new connections are rejected", s.Count)}, out.Problems...)
-	case int(s.Count) != distinct(table):
-		out.Problems = append(out.Problems, fmt.Sprintf("the service counts %d backends for new flows, its Maglev table holds %d", s.Count, distinct(table)))
+	case int(s.Count) != distinctBackends(table):
+		out.Problems = append(out.Problems, fmt.Sprintf("the service counts %d backends for new flows, its Maglev table holds %d", s.Count, distinctBackends(table)))
 	}
 	return out
 }
@@ -275,10 +282,14 @@ func share(n, of int) float64 {
 	return float64(n) * 100 / float64(of)
 }
 
-func distinct(table []uint32) int {
+// distinctBackends counts the backends a table names (not the reject
+// share's 0).
+func distinctBackends(table []uint32) int {
 	seen := map[uint32]bool{}
 	for _, id := range table {
-		seen[id] = true
+		if id != 0 {
+			seen[id] = true
+		}
 	}
 	return len(seen)
 }
@@ -328,6 +339,9 @@ func printLBList(w io.Writer, list lbList) error {
 		}
 		for _, b := range s.Backends {
 			line(fmt.Sprintf("%s (id %d)", b.Address, b.ID), b.State, fmt.Sprint(b.Slots), fmt.Sprintf("%.1f%%", b.Share))
+		}
+		if s.RejectSlots > 0 {
+			line("reject (new flows refused)", "", fmt.Sprint(s.RejectSlots), fmt.Sprintf("%.1f%%", s.RejectShare))
 		}
 		if s.SourceRanges != nil {
 			line("source ranges: " + strings.Join(s.SourceRanges, ", "))

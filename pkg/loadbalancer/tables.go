@@ -54,7 +54,7 @@ func NewServicesTable(db *statedb.DB) (statedb.RWTable[*Service], error) {
 }
 
 func (s *Service) TableHeader() []string {
-	return []string{"Name", "Source", "PortNames", "SourceRanges", "Labels", "SessionAffinity"}
+	return []string{"Name", "Source", "PortNames", "SourceRanges", "Labels", "SessionAffinity", "RejectWeight"}
 }
 
 // TableRow ends with a column that is never empty, so that printed tables
@@ -83,6 +83,7 @@ func (s *Service) TableRow() []string {
 		strings.Join(ranges, ", "),
 		strings.Join(labels, ", "),
 		affinity,
+		strconv.Itoa(int(s.RejectWeight)),
 	}
 }
 
@@ -93,6 +94,7 @@ func (s *Service) equal(o *Service) bool {
 		s.Source == o.Source &&
 		s.SessionAffinity == o.SessionAffinity &&
 		s.SessionAffinityTimeout == o.SessionAffinityTimeout &&
+		s.RejectWeight == o.RejectWeight &&
 		slices.Equal(s.SourceRanges, o.SourceRanges) &&
 		maps.Equal(s.Labels, o.Labels) &&
 		maps.Equal(s.PortNames, o.PortNames)

@@ -596,7 +596,7 @@ func TestTableRows(t *testing.T) {
 		want        string
 	}{
 		{svcRow.TableHeader(), svcRow.TableRow(),
-			"Name=db Source=xds PortNames=mysql=3306 SourceRanges=10.0.0.0/8, 2001:db8::/32 Labels=b=x, version=3 SessionAffinity=10m0s"},
+			"Name=db Source=xds PortNames=mysql=3306 SourceRanges=10.0.0.0/8, 2001:db8::/32 Labels=b=x, version=3 SessionAffinity=10m0s RejectWeight=0"},
 		{feRow.TableHeader(), feRow.TableRow(),
 			"Address=10.1.2.3:3306/TCP Type=LoadBalancer ServiceName=db PortName=mysql Backends=192.168.1.10:3306, 192.168.1.11:3306/terminating Status=Pending"},
 		{feFailed.TableHeader(), feFailed.TableRow(),

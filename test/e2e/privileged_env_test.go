@@ -291,7 +291,7 @@ func (e *lbEnv) waitFrontends(t *testing.T, clusters ...cluster) {
 	for {
 		rows, out, err := e.frontends()
 		last = out
-		if err == nil && frontendsMatch(rows, want) {
+		if err == nil && frontendsMatch(rows, want) && e.rejectWeightsMatch(clusters) {
 			return
 		}
 		if err != nil {
@@ -307,6 +307,29 @@ func (e *lbEnv) waitFrontends(t *testing.T, clusters ...cluster) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// serviceRow is a row of `l4xds-dbg statedb services -o json`.
+type serviceRow struct {
+	Name         string
+	RejectWeight int
+}
+
+// rejectWeightsMatch: the services have the clusters' reject weights. A
+// service change rewrites its frontends in the same transaction, so with
+// it, Done frontends are reconciled with the new weight.
+func (e *lbEnv) rejectWeightsMatch(clusters []cluster) bool {
+	rows, _, err := statedbRows[serviceRow](e, "services")
+	if err != nil {
+		return false
+	}
+	for _, c := range clusters {
+		i := slices.IndexFunc(rows, func(r serviceRow) bool { return r.Name == c.name })
+		if i < 0 || rows[i].RejectWeight != c.rejectWeight {
+			return false
+		}
+	}
+	return true
 }
 
 func frontendsMatch(rows []frontendRow, want map[string][]string) bool {

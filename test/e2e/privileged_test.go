@@ -199,6 +199,32 @@ func TestPrivilegedLoadBalancer(t *testing.T) {
 		}
 	})
 
+	t.Run("a reject share: its new flows refused, the rest split by weight", func(t *testing.T) {
+		// A weighted route's 30 % share of a backend that does not exist
+		// (GEP-2645): refused, not sent to the others.
+		for _, fe := range []frontend{tcp("10.1.2.12", 3306), udp("10.1.2.12", 53)} {
+			c := svc("route-"+strings.ToLower(fe.proto), fe).with(weighted(v4(0, fe.port), 40), weighted(v4(1, fe.port), 30))
+			c.rejectWeight = 30
+			e.serve(t, c)
+			const n = 1000
+			r := e.probe(t, fe, n, "--timeout", "3s")
+			refused := r.Errors[map[string]string{"TCP": "connection refused", "UDP": "ICMP unreachable"}[fe.proto]]
+			pct := func(k int) float64 { return float64(k) * 100 / n }
+			if r.Answered+refused != n || pct(refused) < 25 || pct(refused) > 35 ||
+				pct(r.Backends["b0"]) < 35 || pct(r.Backends["b0"]) > 45 || pct(r.Backends["b1"]) < 25 || pct(r.Backends["b1"]) > 35 {
+				t.Errorf("%s: want 30 ± 5 %% of %d flows refused, 40 and 30 ± 5 %% answered by b0 and b1; got %s", fe, n, r)
+			}
+			t.Logf("%s, reject_weight 30 beside weights 40 and 30: %s", fe, r)
+
+			// The share back to the backends.
+			c.rejectWeight = 0
+			e.serve(t, c)
+			if r := e.probe(t, fe, 200); r.Answered != 200 {
+				t.Errorf("%s without reject_weight: want all 200 flows answered; got %s", fe, r)
+			}
+		}
+	})
+
 	t.Run("source ranges: an excluded client is dropped and counted, an included one served", func(t *testing.T) {
 		excluded := cluster{name: "restricted", frontends: []frontend{tcp("10.1.2.10", 3306), udp("10.1.2.10", 53)},
 			sourceRanges: []string{"192.0.2.0/24", "fd99::/64"}}

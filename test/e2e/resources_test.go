@@ -15,6 +15,7 @@ type cluster struct {
 	name         string
 	frontends    []frontend
 	sourceRanges []string
+	rejectWeight int // 0: not set
 	endpoints    []endpoint
 }
 
@@ -68,6 +69,9 @@ resource:
 `, c.name)
 		for _, f := range c.frontends {
 			fmt.Fprintf(&b, "        - { vip: %q, port: %d, protocol: %s }\n", f.vip, f.port, f.proto)
+		}
+		if c.rejectWeight > 0 {
+			fmt.Fprintf(&b, "        reject_weight: %d\n", c.rejectWeight)
 		}
 		if len(c.sourceRanges) > 0 {
 			fmt.Fprintf(&b, "        source_ranges: [%s]\n", quoteAll(c.sourceRanges))

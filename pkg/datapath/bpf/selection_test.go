@@ -205,3 +205,48 @@ func TestOneBackendWithoutATable(t *testing.T) {
 	}
 	wantStats(t, d, 2, 0, 0, map[int]uint64{dropNoBackend: 1})
 }
+
+// Slots of backend 0 are the reject share (reject_weight): a new flow that
+// hashes to one is refused as if the service had no backend (RST, ICMP
+// port unreachable), every other one goes to its slot's backend.
+func TestRejectShareSlots(t *testing.T) {
+	table := []uint32{1, 0, 2, 0, 1, 2, 0}
+	for _, tc := range []struct {
+		name     string
+		vip      netip.AddrPort
+		client   netip.AddrPort
+		proto    uint8
+		backends []backend
+	}{
+		{"IPv4 TCP", vip4, client4, protoTCP, []backend{be4a, be4b}},
+		{"IPv4 UDP", vip4, client4, protoUDP, []backend{be4a, be4b}},
+		{"IPv6 UDP", vip6, client6, protoUDP, []backend{{id: 1, addr: be6a.addr}, {id: 2, addr: be6b.addr}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDatapath(t)
+			d.addService(service{id: 1, vip: tc.vip, proto: tc.proto, backends: tc.backends, table: table})
+			refused := 0
+			for p := uint16(40000); p < 40032; p++ {
+				seg := segment{src: netip.AddrPortFrom(tc.client.Addr(), p), dst: tc.vip, proto: tc.proto, flags: tcpSYN}
+				if maglevChoice(seg, table) != 0 {
+					chosen(t, d, seg, tc.backends...)
+					continue
+				}
+				refused++
+				want := rst(seg)
+				if tc.proto == protoUDP {
+					want = portUnreachable(seg, seg.frame())
+				}
+				if verdict, out := d.run(seg.frame()); verdict != verdictRedirect || !bytes.Equal(out, want) {
+					t.Fatalf("port %d (a reject slot): verdict %d, %x; want the refusal %x", p, int32(verdict), out, want)
+				}
+			}
+			if refused == 0 || refused == 32 {
+				t.Fatalf("%d of 32 flows hashed to a reject slot: the test needs some of each", refused)
+			}
+			if st := d.stats(1); st.Packets != uint64(32-refused) || st.Drops[dropNoBackend] != uint64(refused) {
+				t.Errorf("counters %+v: want %d packets forwarded, %d no-backend drops", st, 32-refused, refused)
+			}
+		})
+	}
+}
