@@ -23,7 +23,8 @@ build:
 # API stay out of the agent's dependencies.
 CHART_TEST := install/kubernetes/test
 # Each module is vetted once, fully, and tested with -vet=off: go test's own
-# vet would analyse every dependency a second time.
+# vet would analyse every dependency a second time (the Cilium module is
+# vetted by lint only: its vet analyses all of Cilium).
 test: build
 	$(GO) vet $(PKGS)
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -vet=off -count=1 -timeout 20m $(PKGS)
