@@ -33,28 +33,6 @@ var (
 	servedPaddedUDP = []string{":9000"}
 )
 
-// needsPrivileges skips a privileged test that cannot run here and returns
-// the directory of the binaries.
-func needsPrivileges(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, mounts a bpffs and loads eBPF programs")
-	}
-	bin := os.Getenv("L4XDS_BIN")
-	if bin == "" {
-		t.Skip("needs L4XDS_BIN, the directory of the built binaries (make test sets it)")
-	}
-	for _, b := range []string{"l4xds-agent", "l4xds-control-plane", "l4xds-dbg", "l4xds-traffic"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			t.Fatalf("%s is not built in L4XDS_BIN (run make build): %v", b, err)
-		}
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Fatalf("needs ip(8) from iproute2: %v", err)
-	}
-	return bin
-}
-
 // newTopology creates a topology with n backends, deleted when the test
 // ends, failed or not.
 func newTopology(t *testing.T, n int) *netns.Topology {
@@ -172,7 +150,7 @@ func newLBEnv(t *testing.T, backends int) *lbEnv {
 // newLBEnvOn is newLBEnv on a topology of another shape (netns.NewRouted).
 func newLBEnvOn(t *testing.T, create func(prefix string) (*netns.Topology, error)) *lbEnv {
 	t.Helper()
-	bin := needsPrivileges(t)
+	bin := netns.AgentBinaries(t)
 	e := &lbEnv{top: t, bin: bin, dir: t.TempDir()}
 	e.bpfRoot = netns.MountBPFFS(t)
 	e.topo = ownTopology(t, create)

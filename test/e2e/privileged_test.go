@@ -19,7 +19,7 @@ import (
 // IPv6), and a VIP is not reachable: whatever answers a VIP later is the
 // datapath.
 func TestPrivilegedTopologyRoutesWithoutTheAgent(t *testing.T) {
-	bin := needsPrivileges(t)
+	bin := netns.AgentBinaries(t)
 	topo := newTopology(t, 3)
 	startServers(t, bin, topo)
 	for i, b := range topo.Backends {

@@ -40,28 +40,9 @@ type env struct {
 	procs              []*netns.Proc
 }
 
-// needsPrivileges skips the soak where it cannot run and returns the
-// directory of the binaries.
-func needsPrivileges(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, mounts a bpffs and loads eBPF programs")
-	}
-	bin := os.Getenv("L4XDS_BIN")
-	if bin == "" {
-		t.Skip("needs L4XDS_BIN, the directory of the built binaries (make test and make soak set it)")
-	}
-	for _, b := range []string{"l4xds-agent", "l4xds-control-plane", "l4xds-dbg", "l4xds-traffic"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			t.Fatalf("%s is not built in L4XDS_BIN (run make build): %v", b, err)
-		}
-	}
-	return bin
-}
-
 func newEnv(t *testing.T, services []*service) *env {
 	t.Helper()
-	e := &env{bin: needsPrivileges(t), dir: t.TempDir()}
+	e := &env{bin: netns.AgentBinaries(t), dir: t.TempDir()}
 	e.bpfRoot = netns.MountBPFFS(t)
 	topo, err := netns.New(netns.UniquePrefix(), backends)
 	if err != nil {
