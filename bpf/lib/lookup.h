@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* What a packet's destination names in the maps: its service, its VIP's
+ * service for drops, and the counters charged to them. */
+#ifndef L4XDS_LIB_LOOKUP_H
+#define L4XDS_LIB_LOOKUP_H
+
+static __always_inline void count_drop(__u32 svc_id, __u64 reason)
+{
+	struct lb_stats *s = bpf_map_lookup_elem(&l4xds_stats, &svc_id);
+
+	if (s && reason < LB_DROP_MAX)
+		s->drops[reason]++;
+}
+
+static __always_inline void count_packet(__u32 svc_id, __u32 len)
+{
+	struct lb_stats *s = bpf_map_lookup_elem(&l4xds_stats, &svc_id);
+
+	if (s) {
+		s->packets++;
+		s->bytes += len;
+	}
+}
+
+/* The service of p's destination VIP, port and protocol, if any. */
+static __always_inline struct lb_svc *service_of(const struct pkt *p)
+{
+	struct lb_svc_key key = {
+		.port = p->dport,
+		.proto = p->proto,
+	};
+
+	__builtin_memcpy(key.addr, p->daddr, 16);
+	return bpf_map_lookup_elem(&l4xds_services, &key);
+}
+
+/* The service a packet is charged to when its headers cannot be handled:
+ * the one on its ports if they are known, else 0 if the destination is a
+ * VIP; -1 for a packet that is not for a VIP. */
+__noinline int vip_service(const struct pkt *p)
+{
+	if (!p)
+		return -1;
+	if (p->has_ports) {
+		struct lb_svc *svc = service_of(p);
+
+		if (svc)
+			return svc->id & 0x7fffffff;
+	}
+	return bpf_map_lookup_elem(&l4xds_vips, p->daddr) ? 0 : -1;
+}
+
+/* Fragments and truncated headers are dropped when they are for a VIP,
+ * and passed otherwise. */
+static __always_inline int drop_if_vip(const struct pkt *p, __u32 reason)
+{
+	int svc_id = vip_service(p);
+
+	if (svc_id < 0)
+		return TCX_NEXT;
+	count_drop(svc_id, reason);
+	return TCX_DROP;
+}
+
+#endif /* L4XDS_LIB_LOOKUP_H */
