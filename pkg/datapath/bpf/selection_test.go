@@ -35,18 +35,23 @@ func maglevChoice(seg segment, table []uint32) uint32 {
 	return table[flowHash(seg.src, seg.dst, seg.proto)%testMaglevN]
 }
 
+// twoBackendCases are a service of two backends (ids 1 and 2) per family
+// and protocol.
+var twoBackendCases = []struct {
+	name     string
+	vip      netip.AddrPort
+	client   netip.AddrPort
+	proto    uint8
+	backends []backend
+}{
+	{"IPv4 TCP", vip4, client4, protoTCP, []backend{be4a, be4b}},
+	{"IPv4 UDP", vip4, client4, protoUDP, []backend{be4a, be4b}},
+	{"IPv6 TCP", vip6, client6, protoTCP, []backend{{id: 1, addr: be6a.addr}, {id: 2, addr: be6b.addr}}},
+	{"IPv6 UDP", vip6, client6, protoUDP, []backend{{id: 1, addr: be6a.addr}, {id: 2, addr: be6b.addr}}},
+}
+
 func TestMaglevSlotFromFlowHash(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		vip      netip.AddrPort
-		client   netip.AddrPort
-		proto    uint8
-		backends []backend
-	}{
-		{"IPv4 TCP", vip4, client4, protoTCP, []backend{be4a, be4b}},
-		{"IPv4 UDP", vip4, client4, protoUDP, []backend{be4a, be4b}},
-		{"IPv6 TCP", vip6, client6, protoTCP, []backend{{id: 1, addr: be6a.addr}, {id: 2, addr: be6b.addr}}},
-	} {
+	for _, tc := range twoBackendCases {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDatapath(t)
 			d.addService(service{id: 1, vip: tc.vip, proto: tc.proto, backends: tc.backends, table: mixedTable})
@@ -211,17 +216,7 @@ func TestOneBackendWithoutATable(t *testing.T) {
 // port unreachable), every other one goes to its slot's backend.
 func TestRejectShareSlots(t *testing.T) {
 	table := []uint32{1, 0, 2, 0, 1, 2, 0}
-	for _, tc := range []struct {
-		name     string
-		vip      netip.AddrPort
-		client   netip.AddrPort
-		proto    uint8
-		backends []backend
-	}{
-		{"IPv4 TCP", vip4, client4, protoTCP, []backend{be4a, be4b}},
-		{"IPv4 UDP", vip4, client4, protoUDP, []backend{be4a, be4b}},
-		{"IPv6 UDP", vip6, client6, protoUDP, []backend{{id: 1, addr: be6a.addr}, {id: 2, addr: be6b.addr}}},
-	} {
+	for _, tc := range twoBackendCases {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDatapath(t)
 			d.addService(service{id: 1, vip: tc.vip, proto: tc.proto, backends: tc.backends, table: table})
