@@ -22,6 +22,7 @@ import (
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -54,6 +55,11 @@ var kinds = map[string]struct {
 	"ConfigMap":      {"v1", func() any { return new(corev1.ConfigMap) }},
 	"Service":        {"v1", func() any { return new(corev1.Service) }},
 	"ServiceAccount": {"v1", func() any { return new(corev1.ServiceAccount) }},
+	// The control plane serving the cluster (controlPlane.kubernetes).
+	"ClusterRole":        {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.ClusterRole) }},
+	"ClusterRoleBinding": {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.ClusterRoleBinding) }},
+	"Role":               {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.Role) }},
+	"RoleBinding":        {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.RoleBinding) }},
 }
 
 func loadChart(t *testing.T) *chart.Chart {
