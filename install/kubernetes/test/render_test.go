@@ -62,6 +62,10 @@ var kinds = map[string]struct {
 	"RoleBinding":        {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.RoleBinding) }},
 }
 
+// clusterScoped are the kinds of kinds that have no namespace; every other
+// object is in the release's.
+var clusterScoped = map[string]bool{"ClusterRole": true, "ClusterRoleBinding": true}
+
 func loadChart(t *testing.T) *chart.Chart {
 	t.Helper()
 	chrt, err := loader.Load(chartDir)
@@ -139,8 +143,12 @@ func decode(template, doc string) (*object, error) {
 		return nil, fmt.Errorf("%s: %s does not decode strictly: %w\n%s", template, tm.Kind, err, doc)
 	}
 	meta := obj.(metav1.Object)
-	if meta.GetName() == "" || meta.GetNamespace() != namespace {
-		return nil, fmt.Errorf("%s: %s %q in namespace %q, want a name in %q", template, tm.Kind, meta.GetName(), meta.GetNamespace(), namespace)
+	wantNS := namespace
+	if clusterScoped[tm.Kind] {
+		wantNS = ""
+	}
+	if meta.GetName() == "" || meta.GetNamespace() != wantNS {
+		return nil, fmt.Errorf("%s: %s %q in namespace %q, want a name in %q", template, tm.Kind, meta.GetName(), meta.GetNamespace(), wantNS)
 	}
 	return &object{Template: template, Kind: tm.Kind, Name: meta.GetName(), Obj: obj}, nil
 }
