@@ -31,6 +31,10 @@ const (
 	// both served by the same two backend pods.
 	tcpVIP = "10.1.2.3:3306"
 	udpVIP = "10.1.2.7:7777"
+	// The VIP pool of the control plane's Kubernetes mode
+	// (loadbalancer_test.go), in a prefix the client routes like the VIPs.
+	kubePool      = "10.1.3.10-10.1.3.19"
+	kubePoolRoute = "10.1.3.0/24"
 	// New flows per check, and how far a backend's share of them may be
 	// from its share of the weights, in percentage points.
 	flows     = 1000
@@ -305,13 +309,18 @@ type probeResult struct {
 
 func (p probeResult) failed() int { return p.Flows - p.Answered }
 
-// route sends the client's traffic to the VIPs through node n.
+// route sends the client's traffic to the VIPs (and the Kubernetes
+// mode's pool) through node n.
 func (c *cluster) route(t *testing.T, n node) {
 	t.Helper()
-	for _, vip := range []string{tcpVIP, udpVIP} {
-		ip, _, _ := strings.Cut(vip, ":")
-		c.must(t, "docker", "exec", c.client, "ip", "route", "replace", ip+"/32", "via", n.ip)
+	for _, dst := range []string{host(tcpVIP) + "/32", host(udpVIP) + "/32", kubePoolRoute} {
+		c.must(t, "docker", "exec", c.client, "ip", "route", "replace", dst, "via", n.ip)
 	}
+}
+
+func host(addr string) string {
+	h, _, _ := strings.Cut(addr, ":")
+	return h
 }
 
 // probe opens n new flows from the client to vip (through the node the
@@ -334,6 +343,17 @@ func (c *cluster) probe(vip, proto string, n int) (probeResult, error) {
 // share is within tolerance of want (backend name → percent).
 func checkSplit(t *testing.T, what string, r probeResult, want map[string]float64) {
 	t.Helper()
+	checkSplitRefused(t, what, r, want, 0)
+}
+
+// Kinds of failed probe flows (l4xds-traffic probe) that are a refusal:
+// a RST answered the SYN, or ICMP port unreachable the datagram.
+var refusedKinds = []string{"connection refused", "ICMP unreachable"}
+
+// checkSplitRefused is checkSplit with a share of the flows (percent)
+// refused, within tolerance; no flow fails otherwise.
+func checkSplitRefused(t *testing.T, what string, r probeResult, want map[string]float64, refused float64) {
+	t.Helper()
 	var shares []string
 	for name, pct := range want {
 		got := 100 * float64(r.Backends[name]) / float64(r.Flows)
@@ -343,9 +363,20 @@ func checkSplit(t *testing.T, what string, r probeResult, want map[string]float6
 		}
 	}
 	sort.Strings(shares)
+	n := 0
+	if refused > 0 {
+		for _, k := range refusedKinds {
+			n += r.Errors[k]
+		}
+		got := 100 * float64(n) / float64(r.Flows)
+		shares = append(shares, fmt.Sprintf("refused %d (%.1f%%, want %.0f%%)", n, got, refused))
+		if got < refused-tolerance || got > refused+tolerance {
+			t.Errorf("%s: %.1f%% of the flows refused, want %.0f±%.0f", what, got, refused, tolerance)
+		}
+	}
 	t.Logf("%s: %d/%d answered, %s, errors %v", what, r.Answered, r.Flows, strings.Join(shares, ", "), r.Errors)
-	if r.failed() != 0 {
-		t.Errorf("%s: %d of %d flows failed: %v", what, r.failed(), r.Flows, r.Errors)
+	if r.failed() != n {
+		t.Errorf("%s: %d of %d flows failed (%d refused as wanted): %v", what, r.failed(), r.Flows, n, r.Errors)
 	}
 	for name := range r.Backends {
 		if _, ok := want[name]; !ok {
@@ -501,6 +532,8 @@ func (c *cluster) reset(t *testing.T) {
 	c.run("helm", "uninstall", "l4xds", "-n", ns, "--wait")
 	c.run("kubectl", "-n", ns, "delete", "secret", "l4xds-agent-tls", "l4xds-control-plane-tls", "--ignore-not-found")
 	c.run("kubectl", "delete", "namespace", testNS, "--ignore-not-found", "--wait")
+	c.run("kubectl", "-n", ns, "delete", "service", dnsService, "--ignore-not-found")
+	c.run("kubectl", "delete", "gatewayclass", gatewayClass, "--ignore-not-found")
 	for _, n := range c.nodes {
 		c.run("docker", "exec", n.name, "rm", "-rf", "/sys/fs/bpf/l4xds")
 	}
@@ -659,6 +692,8 @@ func TestKind(t *testing.T) {
 	})
 
 	t.Run("backend deleted", func(t *testing.T) { b = c.backendDeleted(t, docs, trial, b) })
+
+	t.Run("LoadBalancer Services and routes", func(t *testing.T) { c.loadBalancer(t, docs) })
 
 	t.Run("uninstall", func(t *testing.T) { c.uninstall(t, docs) })
 }

@@ -7,6 +7,7 @@
 //	probe  opens N new flows to an address and counts which backend answered
 //	hold   keeps one TCP connection open and echoes over it at an interval
 //	load   sends as much traffic as an address answers and reports the rates
+//	dns    asks a DNS server for a name's A records, over UDP or TCP
 package main
 
 import (
@@ -35,7 +36,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCommand(), probeCommand(), holdCommand(), loadCommand())
+	root.AddCommand(serveCommand(), probeCommand(), holdCommand(), loadCommand(), dnsCommand())
 	if err := root.Execute(); err != nil {
 		if _, ok := err.(errTrafficFailed); ok {
 			os.Exit(exitTrafficFailed)

@@ -87,27 +87,49 @@ func TestWeightedBackends(t *testing.T) {
 	b := func(a string) backend {
 		return backend{Addr: netip.MustParseAddr(a), Port: 7777, Health: corev3.HealthStatus_HEALTHY}
 	}
+	ref := func(w int32, bs ...backend) resolvedRef { return resolvedRef{weight: w, backends: bs} }
 	tests := []struct {
 		name string
 		refs []resolvedRef
 		want string
 	}{
-		{"70/30 over 2 and 1", []resolvedRef{{70, []backend{b("10.0.0.1"), b("10.0.0.2")}}, {30, []backend{b("10.0.0.3")}}}, "10.0.0.1:21000 10.0.0.2:21000 10.0.0.3:18000"},
-		{"a ref without endpoints keeps its share out", []resolvedRef{{80, nil}, {20, []backend{b("10.0.0.3")}}}, "10.0.0.3:12000"},
-		{"weight 0", []resolvedRef{{0, []backend{b("10.0.0.1")}}, {1, []backend{b("10.0.0.2")}}}, "10.0.0.2:60000"},
-		{"one Service in two refs adds up", []resolvedRef{{1, []backend{b("10.0.0.1")}}, {1, []backend{b("10.0.0.1")}}}, "10.0.0.1:60000"},
-		{"tiny shares stay at least 1", []resolvedRef{{1, []backend{b("10.0.0.1")}}, {1000000, []backend{b("10.0.0.2")}}}, "10.0.0.1:1 10.0.0.2:59999"},
+		{"70/30 over 2 and 1", []resolvedRef{ref(70, b("10.0.0.1"), b("10.0.0.2")), ref(30, b("10.0.0.3"))}, "10.0.0.1:21000 10.0.0.2:21000 10.0.0.3:18000"},
+		{"a ref without endpoints is refused", []resolvedRef{ref(80), ref(20, b("10.0.0.3"))}, "10.0.0.3:12000 reject 48000"},
+		{"weight 0", []resolvedRef{ref(0, b("10.0.0.1")), ref(1, b("10.0.0.2"))}, "10.0.0.2:60000"},
+		{"weight 0 without endpoints is not refused", []resolvedRef{ref(0), ref(1, b("10.0.0.2"))}, "10.0.0.2:60000"},
+		{"one Service in two refs adds up", []resolvedRef{ref(1, b("10.0.0.1")), ref(1, b("10.0.0.1"))}, "10.0.0.1:60000"},
+		{"thirds add up exactly", []resolvedRef{ref(1, b("10.0.0.1"), b("10.0.0.2")), ref(1, b("10.0.0.3")), ref(1)}, "10.0.0.1:10000 10.0.0.2:10000 10.0.0.3:20000 reject 20000"},
+		{"sevenths add up exactly", []resolvedRef{ref(1, b("10.0.0.1"), b("10.0.0.2"), b("10.0.0.3")), ref(6)}, "10.0.0.1:2857 10.0.0.2:2857 10.0.0.3:2857 reject 51429"},
+		{"tiny shares stay at least 1", []resolvedRef{ref(1, b("10.0.0.1")), ref(1000000, b("10.0.0.2"))}, "10.0.0.1:1 10.0.0.2:59999"},
+		{"every ref refused", []resolvedRef{ref(3), ref(1)}, "reject 60000"},
 	}
 	for _, tt := range tests {
-		got := ""
-		for i, be := range weightedBackends(tt.refs) {
-			if i > 0 {
-				got += " "
-			}
-			got += fmt.Sprintf("%s:%d", be.Addr, be.Weight)
+		bs, reject := weightedBackends(tt.refs)
+		var parts []string
+		sum := int64(reject)
+		for _, be := range bs {
+			parts = append(parts, fmt.Sprintf("%s:%d", be.Addr, be.Weight))
+			sum += int64(be.Weight)
 		}
-		if got != tt.want {
+		if reject > 0 {
+			parts = append(parts, fmt.Sprintf("reject %d", reject))
+		}
+		if got := strings.Join(parts, " "); got != tt.want {
 			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+		if sum != gatewayRouteWeight {
+			t.Errorf("%s: the parts add up to %d, not %d", tt.name, sum, gatewayRouteWeight)
+		}
+	}
+}
+
+func TestPercent(t *testing.T) {
+	for _, tt := range []struct {
+		part, whole int64
+		want        string
+	}{{30, 100, "30%"}, {1, 3, "33.3%"}, {2, 3, "66.7%"}, {1, 1000, "0.1%"}} {
+		if got := percent(tt.part, tt.whole); got != tt.want {
+			t.Errorf("percent(%d, %d) = %s, want %s", tt.part, tt.whole, got, tt.want)
 		}
 	}
 }

@@ -40,6 +40,7 @@ type l4Cluster struct {
 	SourceRanges    []string
 	AffinityTimeout time.Duration
 	Backends        []backend
+	RejectWeight    uint32 // the share of new flows refused, against the backends' weights
 }
 
 // resources returns the EDS Cluster and its ClusterLoadAssignment.
@@ -62,6 +63,9 @@ func (c *l4Cluster) resources() (*clusterv3.Cluster, *endpointv3.ClusterLoadAssi
 	}
 	if c.AffinityTimeout > 0 {
 		md["session_affinity_timeout"] = strconv.FormatInt(int64(c.AffinityTimeout/time.Second), 10) + "s"
+	}
+	if c.RejectWeight > 0 {
+		md["reject_weight"] = float64(c.RejectWeight)
 	}
 	st, err := structpb.NewStruct(md)
 	if err != nil {

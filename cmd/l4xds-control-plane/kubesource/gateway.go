@@ -5,8 +5,11 @@ package kubesource
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
+	"strconv"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	corev1 "k8s.io/api/core/v1"
@@ -37,8 +40,26 @@ type GatewayOutcome struct {
 
 // gatewayRouteWeight is what the weights of one listener's backendRefs are
 // scaled to before they are divided among each ref's endpoints (endpoint
-// weights are 1..65535).
+// weights and reject_weight are 0..65535).
 const gatewayRouteWeight = 60000
+
+// ConditionBackendsAvailable is the condition this source adds to a
+// route's parent status (the Gateway API allows domain-prefixed ones): False
+// when the share of some backendRef is refused because it has no backend,
+// with the refs and their shares in the message. ResolvedRefs only covers
+// refs that do not resolve; a Service scaled to zero resolves.
+const ConditionBackendsAvailable = "l4xds.io/BackendsAvailable"
+
+// Reasons of ConditionBackendsAvailable.
+const (
+	ReasonBackendsAvailable = "BackendsAvailable"
+	// ReasonNoReadyEndpoints: some ref's Service has no ready endpoint
+	// (and maybe other refs do not resolve).
+	ReasonNoReadyEndpoints = "NoReadyEndpoints"
+	// ReasonRefsNotResolved: the refs refused do not resolve (ResolvedRefs
+	// says why).
+	ReasonRefsNotResolved = "RefsNotResolved"
+)
 
 func gatewayClusterName(g *gatewayv1.Gateway, l gatewayv1.SectionName) string {
 	return "gateway/" + g.Namespace + "/" + g.Name + "/" + string(l)
@@ -62,10 +83,13 @@ type listenerWork struct {
 	routes  int32
 }
 
-// resolvedRef is one weighted backendRef of a listener's routes.
+// resolvedRef is one weighted backendRef of a listener's routes. A ref
+// without backends has its share refused; refused says why.
 type resolvedRef struct {
 	weight   int32
 	backends []backend
+	refused  string
+	noReady  bool // refused because its Service has no ready endpoint
 }
 
 func cond(t string, ok bool, reason, msg string, gen int64) metav1.Condition {
@@ -236,6 +260,7 @@ func (c Config) translateGateways(al *allocator, st GatewayState, svcs []*corev1
 				meta.SetStatusCondition(&conds, cond(string(gatewayv1.RouteConditionAccepted), false, reason, msg, r.obj.GetGeneration()))
 			}
 			meta.SetStatusCondition(&conds, cond(string(gatewayv1.RouteConditionResolvedRefs), refsOK, refsReason, refsMsg, r.obj.GetGeneration()))
+			meta.SetStatusCondition(&conds, backendsAvailable(resolved, r.obj.GetGeneration()))
 			parents = append(parents, gatewayv1.RouteParentStatus{ParentRef: pr, ControllerName: gatewayv1.GatewayController(c.ControllerName), Conditions: conds})
 		}
 		if r.kind == "TCPRoute" {
@@ -302,7 +327,7 @@ func (c Config) translateGateways(al *allocator, st GatewayState, svcs []*corev1
 			for _, a := range addrs[k] {
 				cl.Frontends = append(cl.Frontends, frontend{VIP: a, Port: int32(lw.l.Port), Protocol: string(p)})
 			}
-			cl.Backends = weightedBackends(lw.refs)
+			cl.Backends, cl.RejectWeight = weightedBackends(lw.refs)
 			clusters = append(clusters, cl)
 		}
 		s.Listeners = lstatus
@@ -353,28 +378,27 @@ func parentKey(p gatewayv1.ParentReference, defNS string) string {
 	return fmt.Sprintf("%s/%s/%s/%d", ns, p.Name, sec, port)
 }
 
-// resolveRefs resolves a route's backendRefs to the endpoints of their
-// Services. A ref that cannot be resolved keeps its weight with no
-// backends, so the weights of the others do not change; the GEP wants its
-// share rejected, which needs a reject share in the metadata and the
-// datapath's Maglev table (not built yet: today the others get it).
+// resolveRefs resolves a route's backendRefs to the ready endpoints of
+// their Services. A ref that cannot be resolved, or has no ready endpoint,
+// keeps its weight with no backends: its share is refused (GEP-2645), not
+// given to the others.
 func resolveRefs(r *route, svcs map[types.NamespacedName]*corev1.Service, idx endpointIndex) ([]resolvedRef, bool, string, string) {
 	ok, reason, msg := true, string(gatewayv1.RouteReasonResolvedRefs), "every backendRef resolved"
+	var out []resolvedRef
 	fail := func(rs, m string) {
+		out[len(out)-1].refused = m
 		if ok {
 			ok, reason, msg = false, rs, m
 		} else {
 			msg += "; " + m
 		}
 	}
-	var out []resolvedRef
 	for _, ref := range r.refs {
 		w := int32(1)
 		if ref.Weight != nil {
 			w = *ref.Weight
 		}
-		rr := resolvedRef{weight: w}
-		out = append(out, rr)
+		out = append(out, resolvedRef{weight: w})
 		i := len(out) - 1
 		if (ref.Group != nil && *ref.Group != "") || (ref.Kind != nil && *ref.Kind != "Service") {
 			fail(string(gatewayv1.RouteReasonInvalidKind), fmt.Sprintf("backendRef %s: only core Services are supported", ref.Name))
@@ -406,42 +430,97 @@ func resolveRefs(r *route, svcs map[types.NamespacedName]*corev1.Service, idx en
 			continue
 		}
 		es := idx[sk]
-		port := slicePort(es, sp.Name, sp.Protocol)
-		if port == 0 {
-			continue // no endpoints yet: the share is rejected
-		}
 		var ready []backend
-		for _, b := range podBackends(es, port) {
-			if b.Health == corev3.HealthStatus_HEALTHY {
-				ready = append(ready, b)
+		if port := slicePort(es, sp.Name, sp.Protocol); port != 0 {
+			for _, b := range podBackends(es, port) {
+				if b.Health == corev3.HealthStatus_HEALTHY {
+					ready = append(ready, b)
+				}
 			}
 		}
 		out[i].backends = ready
+		if len(ready) == 0 {
+			out[i].refused, out[i].noReady = fmt.Sprintf("Service %s has no ready endpoint", sk), true
+		}
 	}
 	return out, ok, reason, msg
 }
 
-// weightedBackends divides each ref's share among its endpoints.
-func weightedBackends(refs []resolvedRef) []backend {
+// backendsAvailable is ConditionBackendsAvailable for a route's refs.
+func backendsAvailable(refs []resolvedRef, gen int64) metav1.Condition {
 	var sum int64
 	for _, r := range refs {
 		sum += int64(r.weight)
 	}
-	byAddr := map[string]backend{}
+	var refused int64
+	var why []string
+	reason := ReasonRefsNotResolved
 	for _, r := range refs {
-		if sum == 0 || r.weight == 0 || len(r.backends) == 0 {
+		if r.refused == "" || r.weight == 0 {
 			continue
 		}
-		share := max(1, int64(gatewayRouteWeight)*int64(r.weight)/sum/int64(len(r.backends)))
-		for _, b := range r.backends {
-			key := netip.AddrPortFrom(b.Addr, uint16(b.Port)).String()
-			w := share
-			if old, ok := byAddr[key]; ok { // one Service in two refs
-				w += int64(old.Weight)
-			}
-			b.Weight = uint32(min(w, 65535))
-			byAddr[key] = b
+		refused += int64(r.weight)
+		why = append(why, fmt.Sprintf("%s (%s)", r.refused, percent(int64(r.weight), sum)))
+		if r.noReady {
+			reason = ReasonNoReadyEndpoints
 		}
+	}
+	if refused == 0 {
+		return cond(ConditionBackendsAvailable, true, ReasonBackendsAvailable, "every backendRef has ready endpoints", gen)
+	}
+	msg := fmt.Sprintf("%s of new flows are refused: %s", percent(refused, sum), strings.Join(why, "; "))
+	return cond(ConditionBackendsAvailable, false, reason, msg, gen)
+}
+
+// percent is part/whole in percent, to a tenth at most ("30%", "33.3%").
+func percent(part, whole int64) string {
+	return strconv.FormatFloat(math.Round(1000*float64(part)/float64(whole))/10, 'f', -1, 64) + "%"
+}
+
+// weightedBackends divides gatewayRouteWeight among the refs by their
+// weights, and each ref's share among its endpoints. The shares of the refs
+// without a backend are the reject weight. The parts add up to
+// gatewayRouteWeight exactly, so the share refused is exactly the one the
+// route gives those refs; an endpoint whose part rounds to 0 gets 1, taken
+// from the largest part.
+func weightedBackends(refs []resolvedRef) ([]backend, uint32) {
+	weights := make([]int64, len(refs))
+	for i, r := range refs {
+		weights[i] = int64(r.weight)
+	}
+	// parts[0] is the reject weight, parts[i+1] that of bs[i].
+	parts := []int64{0}
+	var bs []backend
+	for i, share := range split(gatewayRouteWeight, weights) {
+		r := refs[i]
+		if r.weight == 0 {
+			continue
+		}
+		if len(r.backends) == 0 {
+			parts[0] += share
+			continue
+		}
+		for j, p := range split(share, slices.Repeat([]int64{1}, len(r.backends))) {
+			bs = append(bs, r.backends[j])
+			parts = append(parts, p)
+		}
+	}
+	for i := 1; i < len(parts); i++ {
+		if parts[i] == 0 {
+			parts[i]++
+			parts[slices.Index(parts, slices.Max(parts))]--
+		}
+	}
+
+	byAddr := map[netip.AddrPort]backend{}
+	for i, b := range bs {
+		key := netip.AddrPortFrom(b.Addr, uint16(b.Port))
+		w := parts[i+1]
+		if old, ok := byAddr[key]; ok { // one Service in two refs
+			w += int64(old.Weight)
+		}
+		b.Weight = uint32(w) // at most gatewayRouteWeight
+		byAddr[key] = b
 	}
 	out := make([]backend, 0, len(byAddr))
 	for _, b := range byAddr {
@@ -450,5 +529,26 @@ func weightedBackends(refs []resolvedRef) []backend {
 	slices.SortFunc(out, func(a, b backend) int {
 		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
 	})
+	return out, uint32(parts[0])
+}
+
+// split divides total in proportion to weights, exactly: the running sums
+// are rounded down, so the parts add up to total (none when every weight
+// is 0).
+func split(total int64, weights []int64) []int64 {
+	var sum int64
+	for _, w := range weights {
+		sum += w
+	}
+	out := make([]int64, len(weights))
+	if sum == 0 {
+		return out
+	}
+	var cum, prev int64
+	for i, w := range weights {
+		cum += w
+		next := total * cum / sum
+		out[i], prev = next-prev, next
+	}
 	return out
 }

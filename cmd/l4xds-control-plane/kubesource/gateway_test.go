@@ -73,8 +73,9 @@ func installGatewayCRDs(t *testing.T, api *apiServer) {
 }
 
 // TestGatewayRoutesOnARealAPIServer: a GatewayClass of ours, a Gateway
-// with a UDP and a TCP listener, a UDPRoute weighted 70/30, a backendRef to
-// a missing Service, and the status of all three.
+// with a UDP and a TCP listener, a UDPRoute weighted 70/30, a backendRef
+// scaled to zero and back, then to a missing Service, and the status of all
+// three.
 func TestGatewayRoutesOnARealAPIServer(t *testing.T) {
 	api := startAPIServer(t)
 	installGatewayCRDs(t, api)
@@ -162,22 +163,40 @@ func TestGatewayRoutesOnARealAPIServer(t *testing.T) {
 			return fmt.Sprintf("%d parents in status", len(r.Status.Parents))
 		}
 		p := r.Status.Parents[0]
-		return fmt.Sprintf("%s; %s", condition(p.Conditions, "Accepted"), condition(p.Conditions, "ResolvedRefs"))
+		return fmt.Sprintf("%s; %s; %s", condition(p.Conditions, "Accepted"), condition(p.Conditions, "ResolvedRefs"), condition(p.Conditions, kubesource.ConditionBackendsAvailable))
 	}
+	const accepted, resolved = "True Accepted: attached to 1 listener(s)", "True ResolvedRefs: every backendRef resolved"
+	const available = "True BackendsAvailable: every backendRef has ready endpoints"
 	e.eventually("UDPRoute status", func() string {
-		return want(routeStatus(), "True Accepted: attached to 1 listener(s); True ResolvedRefs: every backendRef resolved")
+		return want(routeStatus(), accepted+"; "+resolved+"; "+available)
 	})
 
-	// game-b deleted: BackendNotFound in the route's status. game-a keeps
-	// its weights, but without a reject share in the datapath (not built
-	// yet, see Documentation/loadbalancer.md) Maglev gives it every flow.
+	// game-b scaled to zero: its Service resolves, but its 30 % are
+	// refused (GEP-2645), not given to game-a, and the route says so.
+	e.applySlice(slice("game-b", "game-b", discoveryv1.AddressTypeIPv4, []port{{"game", 7001, corev1.ProtocolUDP}},
+		ep{addr: "10.244.6.1", serving: true, terminating: true}))
+	e.expectServed("gateway/default/edge/game", "frontends 10.3.0.0:7777/UDP reject 18000 backends [10.244.5.1:7000 w21000 active, 10.244.5.2:7000 w21000 active]")
+	e.eventually("UDPRoute status with a backend scaled to zero", func() string {
+		return want(routeStatus(), accepted+"; "+resolved+"; False NoReadyEndpoints: 30% of new flows are refused: Service default/game-b has no ready endpoint (30%)")
+	})
+
+	// Scaled back: nothing refused.
+	e.applySlice(slice("game-b", "game-b", discoveryv1.AddressTypeIPv4, []port{{"game", 7001, corev1.ProtocolUDP}},
+		ep{addr: "10.244.6.2", ready: true, serving: true}))
+	e.expectServed("gateway/default/edge/game", "frontends 10.3.0.0:7777/UDP backends [10.244.5.1:7000 w21000 active, 10.244.5.2:7000 w21000 active, 10.244.6.2:7001 w18000 active]")
+	e.eventually("UDPRoute status with the backend back", func() string {
+		return want(routeStatus(), accepted+"; "+resolved+"; "+available)
+	})
+
+	// game-b deleted: BackendNotFound in the route's status, and its share
+	// refused again.
 	if err := e.kube.CoreV1().Services("default").Delete(e.ctx, "game-b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("UDPRoute status with a missing backend", func() string {
-		return want(routeStatus(), "True Accepted: attached to 1 listener(s); False BackendNotFound: Service default/game-b not found")
+		return want(routeStatus(), accepted+"; False BackendNotFound: Service default/game-b not found; False RefsNotResolved: 30% of new flows are refused: Service default/game-b not found (30%)")
 	})
-	e.expectServed("gateway/default/edge/game", "frontends 10.3.0.0:7777/UDP backends [10.244.5.1:7000 w21000 active, 10.244.5.2:7000 w21000 active]")
+	e.expectServed("gateway/default/edge/game", "frontends 10.3.0.0:7777/UDP reject 18000 backends [10.244.5.1:7000 w21000 active, 10.244.5.2:7000 w21000 active]")
 
 	// The route deleted: the listener has no backends and rejects.
 	if err := g.UDPRoutes("default").Delete(e.ctx, "game", metav1.DeleteOptions{}); err != nil {

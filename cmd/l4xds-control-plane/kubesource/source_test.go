@@ -129,6 +129,9 @@ func (e *env) served(name string) string {
 	if spec.Service.SessionAffinity {
 		out += fmt.Sprintf(" affinity %s", spec.Service.SessionAffinityTimeout)
 	}
+	if spec.Service.RejectWeight > 0 {
+		out += fmt.Sprintf(" reject %d", spec.Service.RejectWeight)
+	}
 	cla, ok := res[resource.EndpointType][name].(*endpointv3.ClusterLoadAssignment)
 	if !ok {
 		return out + " no ClusterLoadAssignment"

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -361,16 +363,9 @@ func checkControlPlane(t *testing.T, r *rendered, vals map[string]any) {
 
 	// Its command line: l4xds-control-plane serve with real flags, files
 	// that are in its mounts.
-	if !slices.Equal(c.Command, []string{"l4xds-control-plane"}) || len(c.Args) == 0 || c.Args[0] != "serve" {
-		t.Fatalf("command %q args %q", c.Command, c.Args)
-	}
-	serveFlags := helpFlags(t, "l4xds-control-plane", "serve")
 	args := map[string]string{}
-	for _, a := range c.Args[1:] {
+	for _, a := range serveArgs(t, c) {
 		name, value, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
-		if _, ok := serveFlags[name]; !ok {
-			t.Errorf("arg %q is not a flag of l4xds-control-plane serve", a)
-		}
 		args[name] = value
 	}
 	cm := configMapOf(t, r, pod, c, "resources")
@@ -403,6 +398,44 @@ func checkControlPlane(t *testing.T, r *rendered, vals map[string]any) {
 	}
 }
 
+// serveArgs checks that c runs l4xds-control-plane serve with flags it has,
+// and returns them.
+func serveArgs(t *testing.T, c corev1.Container) []string {
+	t.Helper()
+	if !slices.Equal(c.Command, []string{"l4xds-control-plane"}) || len(c.Args) == 0 || c.Args[0] != "serve" {
+		t.Fatalf("command %q args %q", c.Command, c.Args)
+	}
+	serveFlags := helpFlags(t, "l4xds-control-plane", "serve")
+	for _, a := range c.Args[1:] {
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if _, ok := serveFlags[name]; !ok {
+			t.Errorf("arg %q is not a flag of l4xds-control-plane serve", a)
+		}
+	}
+	return c.Args[1:]
+}
+
+// The rights of the control plane serving the cluster: exactly the calls
+// of cmd/l4xds-control-plane/kubesource (informers, status updates, Events).
+var kubeSourceRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{""}, Resources: []string{"services", "nodes"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{""}, Resources: []string{"services/status"}, Verbs: []string{"update"}},
+	{APIGroups: []string{"gateway.networking.k8s.io"}, Resources: []string{"gatewayclasses", "gateways", "tcproutes", "udproutes"}, Verbs: []string{"list", "watch"}},
+	{APIGroups: []string{"gateway.networking.k8s.io"}, Resources: []string{"gatewayclasses/status", "gateways/status", "tcproutes/status", "udproutes/status"}, Verbs: []string{"update"}},
+	{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+}
+
+// checkBinding checks that a binding grants the role to the control
+// plane's ServiceAccount.
+func checkBinding(t *testing.T, kind string, ref rbacv1.RoleRef, subjects []rbacv1.Subject, role string) {
+	t.Helper()
+	want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: "l4xds-control-plane", Namespace: namespace}}
+	if ref != (rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: kind, Name: role}) || !slices.Equal(subjects, want) {
+		t.Errorf("%s binding: roleRef %+v subjects %+v, want %s %s to %+v", kind, ref, subjects, kind, role, want)
+	}
+}
+
 func TestControlPlaneVariants(t *testing.T) {
 	for name, c := range map[string]struct {
 		values string
@@ -429,6 +462,82 @@ controlPlane: {enabled: true, insecure: true, existingConfigMap: my-resources}`,
 				}
 				if len(volumes(only[*appsv1.DaemonSet](t, r).Spec.Template.Spec, "xds-tls")) != 0 {
 					t.Error("a TLS volume on a plaintext agent")
+				}
+			},
+		},
+		"serving the cluster, no resources file": {
+			values: `
+xdsControlPlane: {enabled: true, insecure: true}
+controlPlane:
+  enabled: true
+  insecure: true
+  kubernetes:
+    enabled: true
+    backendMode: node-port
+    addressPools: ["lan=192.0.2.10-192.0.2.50,192.0.2.60/30", "v6=2001:db8:1::/120"]
+    addressPoolsConfigMap: l4xds-pools`,
+			check: func(t *testing.T, r *rendered) {
+				want := []string{
+					"ClusterRole/l4xds-control-plane", "ClusterRoleBinding/l4xds-control-plane", "ConfigMap/l4xds-config",
+					"DaemonSet/l4xds", "Deployment/l4xds-control-plane", "Role/l4xds-control-plane-pools",
+					"RoleBinding/l4xds-control-plane-pools", "Service/l4xds-control-plane",
+					"ServiceAccount/l4xds", "ServiceAccount/l4xds-control-plane",
+				}
+				if got := kindsOf(r); !slices.Equal(got, want) {
+					t.Errorf("objects %v, want %v", got, want)
+				}
+				checkNames(t, r)
+				pod := only[*appsv1.Deployment](t, r).Spec.Template.Spec
+				if pod.ServiceAccountName != "l4xds-control-plane" || pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+					t.Errorf("serviceAccountName %q automount %v: --in-cluster needs the control plane's token", pod.ServiceAccountName, pod.AutomountServiceAccountToken)
+				}
+				if len(pod.Volumes) != 0 {
+					t.Errorf("volumes %+v: no resources file, no TLS", pod.Volumes)
+				}
+				wantArgs := []string{
+					"--in-cluster", "--load-balancer-class=l4xds.io/l4lb", "--gateway-controller-name=l4xds.io/gateway-controller",
+					"--backend-mode=node-port", "--address-pool=lan=192.0.2.10-192.0.2.50,192.0.2.60/30", "--address-pool=v6=2001:db8:1::/120",
+					"--address-pools-configmap=kube-system/l4xds-pools", "--listen=:9000", "--log-level=info", "--insecure",
+				}
+				if args := serveArgs(t, pod.Containers[0]); !slices.Equal(args, wantArgs) {
+					t.Errorf("args\n got %q\nwant %q", args, wantArgs)
+				}
+				cr := only[*rbacv1.ClusterRole](t, r)
+				if !reflect.DeepEqual(cr.Rules, kubeSourceRules) {
+					t.Errorf("ClusterRole rules\n got %+v\nwant %+v", cr.Rules, kubeSourceRules)
+				}
+				crb := only[*rbacv1.ClusterRoleBinding](t, r)
+				checkBinding(t, "ClusterRole", crb.RoleRef, crb.Subjects, cr.Name)
+				role := only[*rbacv1.Role](t, r)
+				wantPools := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"list", "watch"}}}
+				if role.Namespace != namespace || !reflect.DeepEqual(role.Rules, wantPools) {
+					t.Errorf("Role in %q rules %+v, want %+v in %s", role.Namespace, role.Rules, wantPools, namespace)
+				}
+				rb := only[*rbacv1.RoleBinding](t, r)
+				checkBinding(t, "Role", rb.RoleRef, rb.Subjects, role.Name)
+			},
+		},
+		"serving the cluster and a resources file": {
+			values: `
+xdsControlPlane: {enabled: true, tlsSecretName: xds-client}
+controlPlane:
+  enabled: true
+  tlsSecretName: cp-tls
+  xdsResources: "resources: []"
+  kubernetes: {enabled: true, addressPools: ["lan=192.0.2.10-192.0.2.50"]}`,
+			check: func(t *testing.T, r *rendered) {
+				got := kindsOf(r)
+				if !slices.Contains(got, "ConfigMap/l4xds-control-plane-resources") || slices.Contains(got, "Role/l4xds-control-plane-pools") {
+					t.Errorf("objects %v: want the resources ConfigMap, and no Role without a pools ConfigMap", got)
+				}
+				pod := only[*appsv1.Deployment](t, r).Spec.Template.Spec
+				checkMounts(t, pod)
+				args := serveArgs(t, pod.Containers[0])
+				if !slices.Contains(args, "--in-cluster") || !slices.Contains(args, "--resources=/etc/l4xds/resources/resources.yaml") {
+					t.Errorf("args %q: want both sources", args)
+				}
+				if cm := configMapOf(t, r, pod, pod.Containers[0], "resources"); cm.Data["resources.yaml"] != "resources: []" {
+					t.Errorf("resources.yaml %q", cm.Data["resources.yaml"])
 				}
 			},
 		},

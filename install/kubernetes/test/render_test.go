@@ -22,6 +22,7 @@ import (
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -54,7 +55,16 @@ var kinds = map[string]struct {
 	"ConfigMap":      {"v1", func() any { return new(corev1.ConfigMap) }},
 	"Service":        {"v1", func() any { return new(corev1.Service) }},
 	"ServiceAccount": {"v1", func() any { return new(corev1.ServiceAccount) }},
+	// The control plane serving the cluster (controlPlane.kubernetes).
+	"ClusterRole":        {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.ClusterRole) }},
+	"ClusterRoleBinding": {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.ClusterRoleBinding) }},
+	"Role":               {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.Role) }},
+	"RoleBinding":        {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.RoleBinding) }},
 }
+
+// clusterScoped are the kinds of kinds that have no namespace; every other
+// object is in the release's.
+var clusterScoped = map[string]bool{"ClusterRole": true, "ClusterRoleBinding": true}
 
 func loadChart(t *testing.T) *chart.Chart {
 	t.Helper()
@@ -133,8 +143,12 @@ func decode(template, doc string) (*object, error) {
 		return nil, fmt.Errorf("%s: %s does not decode strictly: %w\n%s", template, tm.Kind, err, doc)
 	}
 	meta := obj.(metav1.Object)
-	if meta.GetName() == "" || meta.GetNamespace() != namespace {
-		return nil, fmt.Errorf("%s: %s %q in namespace %q, want a name in %q", template, tm.Kind, meta.GetName(), meta.GetNamespace(), namespace)
+	wantNS := namespace
+	if clusterScoped[tm.Kind] {
+		wantNS = ""
+	}
+	if meta.GetName() == "" || meta.GetNamespace() != wantNS {
+		return nil, fmt.Errorf("%s: %s %q in namespace %q, want a name in %q", template, tm.Kind, meta.GetName(), meta.GetNamespace(), wantNS)
 	}
 	return &object{Template: template, Kind: tm.Kind, Name: meta.GetName(), Obj: obj}, nil
 }

@@ -54,6 +54,20 @@ app.kubernetes.io/component: control-plane
 {{- end -}}
 
 {{/*
+The ConfigMap of Envoy resources the control plane serves: existingConfigMap,
+else the chart's own; none when it serves the cluster (kubernetes.enabled)
+and no xdsResources are given.
+*/}}
+{{- define "l4xds.controlPlaneResources" -}}
+{{- $cp := .Values.controlPlane -}}
+{{- if $cp.existingConfigMap -}}
+{{- $cp.existingConfigMap -}}
+{{- else if or (not $cp.kubernetes.enabled) $cp.xdsResources -}}
+{{- printf "%s-resources" (include "l4xds.controlPlaneName" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 The xDS server address of the agents: xdsControlPlane.serverAddress, else the
 reference control plane's Service when the chart runs one.
 */}}
