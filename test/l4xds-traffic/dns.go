@@ -4,12 +4,10 @@ package main
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
-	"os"
 	"strings"
 	"time"
 
@@ -58,13 +56,7 @@ with an A record.`,
 			if err != nil {
 				r.Error = err.Error()
 			}
-			if output == "json" {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				enc.Encode(r)
-			} else {
-				r.print(os.Stdout)
-			}
+			report(output, r, func(w io.Writer) { r.print(w) })
 			if err != nil || rcode != dnsmessage.RCodeSuccess.String() || len(answers) == 0 {
 				return errTrafficFailed{}
 			}

@@ -4,13 +4,11 @@ package main
 
 import (
 	"bufio"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -97,13 +95,7 @@ nothing was answered at all.`,
 				return fmt.Errorf("-o %q: want text or json", output)
 			}
 			r := load(to, proto, mode, conns, size, window, duration, timeout)
-			if output == "json" {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				enc.Encode(r)
-			} else {
-				r.print(os.Stdout)
-			}
+			report(output, r, func(w io.Writer) { r.print(w) })
 			if r.Answered+r.Connections+r.Bytes == 0 {
 				return errTrafficFailed{}
 			}

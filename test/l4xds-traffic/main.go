@@ -11,7 +11,9 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -44,4 +46,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, "l4xds-traffic:", err)
 		os.Exit(exitError)
 	}
+}
+
+// report prints a command's report: as indented JSON with -o json, else as
+// text.
+func report(output string, r any, text func(io.Writer)) {
+	if output == "json" {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(r)
+		return
+	}
+	text(os.Stdout)
 }

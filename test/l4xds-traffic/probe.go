@@ -5,13 +5,11 @@ package main
 import (
 	"bufio"
 	"cmp"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,13 +93,7 @@ Exits 1 when a flow failed (after printing the report).`,
 				return err
 			}
 			r := probe(to, proto, flows, conc, size, timeout)
-			if output == "json" {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				enc.Encode(r)
-			} else {
-				r.print(os.Stdout, backends)
-			}
+			report(output, r, func(w io.Writer) { r.print(w, backends) })
 			if r.Answered < r.Flows {
 				return errTrafficFailed{}
 			}
