@@ -51,16 +51,31 @@ func (c *cluster) installGatewayCRDs(t *testing.T) {
 	t.Helper()
 	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api")
 	cmd.Dir = filepath.Join(c.repo, "cmd", "l4xds-control-plane")
-	out, err := cmd.Output()
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("finding the gateway-api module: %v", err)
+		t.Fatalf("finding the gateway-api module: %v\n%s", err, out)
 	}
 	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "experimental")
+	args := []string{"apply", "--server-side"} // the CRDs are too large for the last-applied annotation
+	var crds []string
 	for _, kind := range []string{"gatewayclasses", "gateways", "tcproutes", "udproutes", "referencegrants"} {
-		// Server-side: the CRDs are too large for the last-applied annotation.
-		c.kubectl(t, "apply", "--server-side", "-f", filepath.Join(dir, "gateway.networking.k8s.io_"+kind+".yaml"))
-		c.kubectl(t, "wait", "--for", "condition=Established", "--timeout", "1m", "crd/"+kind+".gateway.networking.k8s.io")
+		args = append(args, "-f", filepath.Join(dir, "gateway.networking.k8s.io_"+kind+".yaml"))
+		crds = append(crds, "crd/"+kind+".gateway.networking.k8s.io")
 	}
+	// A kind apiserver under load can refuse a large write for a moment
+	// (a timeout, a conflict): say so and apply again, as an operator would.
+	for attempt := 1; ; attempt++ {
+		_, err := c.run("kubectl", args...)
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("applying the Gateway API CRDs, attempt %d: %v", attempt, err)
+		time.Sleep(2 * time.Second)
+	}
+	c.kubectl(t, append([]string{"wait", "--for", "condition=Established", "--timeout", "1m"}, crds...)...)
 	t.Logf("Gateway API CRDs (experimental) from %s", dir)
 }
 

@@ -141,6 +141,20 @@ docker run -d --name "$CLIENT" --network kind --cap-add NET_ADMIN --entrypoint s
 docker cp "$work/image/l4xds-traffic" "$CLIENT:/usr/local/bin/l4xds-traffic"
 
 say "go test"
+status=0
 (cd "$here" && L4XDS_KIND_CLUSTER=$CLUSTER L4XDS_KIND_IMAGE=$IMAGE L4XDS_KIND_CLIENT=$CLIENT L4XDS_BIN=$repo/bin \
-	go test -count=1 -v -timeout 40m ./...)
+	go test -count=1 -v -timeout 40m ./...) 2>&1 | tee "$work/go-test.log" || status=$?
+if [ "$status" != 0 ]; then
+	# The cluster's state is dumped after the subtests; repeat where each
+	# failed test stopped (the end of its own output) so that it is last.
+	say "failed; the end of each failed test's output:"
+	failed=$(sed -n 's/^ *--- FAIL: \([^ ]*\) .*/\1/p' "$work/go-test.log")
+	for name in $failed; do
+		# A parent's failure is its children's: show the innermost.
+		awk -v p="$name/" 'index($0, p) == 1 { found = 1 } END { exit !found }' <<<"$failed" && continue
+		echo "--- $name"
+		awk -v n="$name" '$1 == "===" { on = ($3 == n) } /^ *--- (FAIL|PASS|SKIP)/ { on = 0 } on' "$work/go-test.log" | tail -8
+	done
+	exit "$status"
+fi
 say "passed"
