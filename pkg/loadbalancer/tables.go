@@ -244,23 +244,12 @@ var BackendByID = statedb.Index[*Backend, BackendID]{
 	Unique:     true,
 }
 
-// BackendByAddress indexes backends by address: one address may back several
-// services.
-var BackendByAddress = statedb.Index[*Backend, L3n4Addr]{
-	Name: "address",
-	FromObject: func(be *Backend) index.KeySet {
-		return index.NewKeySet(be.Address.Key())
-	},
-	FromKey:    l3n4AddrKey,
-	FromString: l3n4AddrFromString,
-	Unique:     false,
-}
-
 // backendsOfService queries the primary index for the rows of a service,
 // sorted by address then source: their keys start with its name and a NUL
 // (a name never holds one, so "db" does not match "db2"). A prefix of the
-// primary key spares the backends table a third index, and every backend
-// insert its upkeep.
+// primary key spares the backends table a second index, and every backend
+// insert its upkeep. (Nothing looks backends up by address: the table has
+// no index for it, which saves a tree and its keys per backend.)
 var backendsOfService = statedb.Index[*Backend, ServiceName]{
 	Name: BackendByID.Name,
 	FromKey: func(n ServiceName) index.Key {
@@ -271,7 +260,7 @@ var backendsOfService = statedb.Index[*Backend, ServiceName]{
 
 // NewBackendsTable creates the backends table and registers it with db.
 func NewBackendsTable(db *statedb.DB) (statedb.RWTable[*Backend], error) {
-	return statedb.NewTable(db, BackendsTableName, BackendByID, BackendByAddress)
+	return statedb.NewTable(db, BackendsTableName, BackendByID)
 }
 
 func (be *Backend) TableHeader() []string {

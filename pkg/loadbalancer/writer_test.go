@@ -638,7 +638,6 @@ func TestIndexFromString(t *testing.T) {
 		{FrontendsTableName, "address", "10.1.2.3:3306/UDP", 0},
 		{FrontendsTableName, "service", "db", 2},
 		{BackendsTableName, "id", "db 192.168.1.10:3306 xds", 1},
-		{BackendsTableName, "address", "192.168.1.11:3306", 1},
 		{ServicesTableName, "name", "db", 1},
 	}
 	for _, tt := range tests {
