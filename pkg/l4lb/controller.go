@@ -79,8 +79,14 @@ func NewController(sink Sink, names NameSetter) *Controller {
 // ClusterHandler is HandleClusters as an xds.Handler.
 func (c *Controller) ClusterHandler() xds.Handler { return xds.HandlerFunc(c.HandleClusters) }
 
-// EndpointHandler is HandleEndpoints as an xds.Handler.
-func (c *Controller) EndpointHandler() xds.Handler { return xds.HandlerFunc(c.HandleEndpoints) }
+// EndpointHandler is HandleEndpoints as an xds.Handler. A
+// ClusterLoadAssignment is valid or not on its own, so it takes a large
+// response in slices (xds.InSlices): each commits the services it carries,
+// whole, and the decoded messages of a million endpoints are never all on
+// the heap at once.
+func (c *Controller) EndpointHandler() xds.Handler {
+	return xds.InSlices(xds.HandlerFunc(c.HandleEndpoints))
+}
 
 // HandleClusters applies a CDS update.
 func (c *Controller) HandleClusters(_ context.Context, u xds.Update) map[string]error {

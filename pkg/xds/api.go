@@ -61,3 +61,22 @@ type Handler interface {
 type HandlerFunc func(ctx context.Context, u Update) map[string]error
 
 func (f HandlerFunc) HandleUpdate(ctx context.Context, u Update) map[string]error { return f(ctx, u) }
+
+// InSlices marks h as a handler whose resources are each valid or not on
+// their own, whatever else the response carries (EDS: a
+// ClusterLoadAssignment is one service's backends). The client then decodes
+// and delivers a large response a slice at a time (sliceBytes of encoded
+// resources, in the response's order) instead of decoding it whole: the
+// decoded messages of a million endpoints would otherwise all be on the
+// heap at once. Each slice is one call of h; every resource is still in
+// exactly one call, whole. Removals and the offers of earlier rejected
+// resources come with the last slice, and the response is ACKed or NACKed
+// once, after it.
+func InSlices(h Handler) Handler { return slicedHandler{h} }
+
+type slicedHandler struct{ Handler }
+
+// sliceBytes bounds the encoded resources decoded and delivered together to
+// an InSlices handler: about ten times that once decoded. (A variable for
+// the tests, which slice small responses.)
+var sliceBytes = 1 << 20

@@ -819,7 +819,7 @@ func (c *Client) expire(ctx context.Context, now time.Time) {
 		c.log.Info("xDS resources do not exist", "type", ShortTypeName(url), "names", removed,
 			"timeout", c.cfg.XDSResourceDoesNotExistTimeout)
 		// A removal cannot be refused; the offers' outcome is applied.
-		_, offered := c.deliver(ctx, ts, nil, removed, now)
+		_, offered := c.deliver(ctx, ts, nil, nil, removed, now)
 		c.writeResources(ts, append(removed, offered...))
 		c.reportHealth()
 	}

@@ -9,6 +9,13 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
+// SetSliceBytes sets the slice size of InSlices handlers until the test ends.
+func SetSliceBytes(t interface{ Cleanup(func()) }, n int) {
+	old := sliceBytes
+	sliceBytes = n
+	t.Cleanup(func() { sliceBytes = old })
+}
+
 // Driver drives a Client by hand for the tests of package xds_test (the
 // fuzzers): one stream whose requests are recorded, and responses handed to
 // the client as its run loop hands them, without gRPC or a clock.

@@ -29,6 +29,7 @@ type typeState struct {
 	url      string
 	wildcard bool
 	handler  Handler
+	sliced   bool // the handler is InSlices
 	gen      uint64
 
 	// names requested (non-wildcard types), and as a sorted list (the
@@ -63,10 +64,12 @@ type typeState struct {
 }
 
 func newTypeState(url string, w *watchSpec) *typeState {
+	_, isSliced := w.handler.(slicedHandler)
 	return &typeState{
 		url:        url,
 		wildcard:   w.wildcard,
 		handler:    w.handler,
+		sliced:     isSliced,
 		names:      map[string]struct{}{},
 		entries:    map[string]*entry{},
 		subscribed: map[string]struct{}{},
@@ -132,7 +135,14 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 	ts.pendingNack = nil
 
 	a := newApplied(time.Now(), c.cfg.XDSProtocol == ProtocolDelta, len(resp.resources))
-	c.decode(ts, resp, a)
+	for lo := 0; lo < len(resp.resources); {
+		hi := ts.sliceEnd(resp.resources, lo)
+		c.decode(ts, resp.resources[lo:hi], lo, resp.typeURL, a)
+		if hi < len(resp.resources) {
+			c.deliverSlice(ctx, ts, a)
+		}
+		lo = hi
+	}
 	c.sweep(ts, a)
 	c.removeNamed(ts, resp, a)
 	c.deliverChanges(ctx, ts, a)
@@ -153,6 +163,9 @@ type applied struct {
 	delta bool
 
 	upserted []Resource
+	// delivered counts the upserted given to an InSlices handler in
+	// earlier slices: the rest go with the last one.
+	delivered int
 	// again are resources the handler rejected before, unchanged:
 	// offered again only along with an update.
 	again   []Resource
@@ -192,12 +205,29 @@ func newApplied(now time.Time, delta bool, n int) *applied {
 	}
 }
 
-// decode decodes each resource of the response and sorts it: rejected
-// (undecodable, of another type, unnamed, a duplicate), not asked for,
-// unchanged, rejected before and unchanged (again), or upserted.
-func (c *Client) decode(ts *typeState, resp *response, a *applied) {
-	for i, raw := range resp.resources {
-		name, msg, err := decodeResource(resp.typeURL, raw)
+// sliceEnd is where the slice of resources starting at lo ends: the whole
+// response, or sliceBytes of it for an InSlices handler.
+func (ts *typeState) sliceEnd(resources []rawResource, lo int) int {
+	if !ts.sliced {
+		return len(resources)
+	}
+	n := 0
+	for i := lo; i < len(resources); i++ {
+		if n += len(resources[i].any.GetValue()); n >= sliceBytes {
+			return i + 1
+		}
+	}
+	return len(resources)
+}
+
+// decode decodes each resource of a slice of the response, the first being
+// resources[first], and sorts it: rejected (undecodable, of another type,
+// unnamed, a duplicate), not asked for, unchanged, rejected before and
+// unchanged (again), or upserted.
+func (c *Client) decode(ts *typeState, slice []rawResource, first int, typeURL string, a *applied) {
+	for j, raw := range slice {
+		i := first + j
+		name, msg, err := decodeResource(typeURL, raw)
 		if name == "" {
 			// Which cached resource this is cannot be known, so a sweep
 			// could delete a resource that the server still has (A46).
@@ -322,6 +352,24 @@ func (c *Client) removeNamed(ts *typeState, resp *response, a *applied) {
 	}
 }
 
+// deliverSlice gives an InSlices handler the upserted resources of a slice
+// that is not the response's last, and lets go of their decoded messages
+// (a rejected one is kept in its offer).
+func (c *Client) deliverSlice(ctx context.Context, ts *typeState, a *applied) {
+	slice := a.upserted[a.delivered:]
+	if len(slice) == 0 {
+		return
+	}
+	rej := ts.handler.HandleUpdate(ctx, Update{TypeURL: ts.url, Upserted: slice})
+	for i := range slice {
+		if err := rej[slice[i].Name]; err != nil {
+			a.reject(slice[i], err.Error())
+		}
+		slice[i].Message = nil
+	}
+	a.delivered = len(a.upserted)
+}
+
 // deliverChanges calls the handler when something changed, and moves what
 // it rejects from changed to rejected. Resources rejected before and
 // unchanged are offered again only along with a change: nothing else could
@@ -334,9 +382,10 @@ func (c *Client) deliverChanges(ctx context.Context, ts *typeState, a *applied) 
 		return
 	}
 	a.upserted = append(a.upserted, a.again...)
-	rej, offered := c.deliver(ctx, ts, a.upserted, a.removed, a.now)
+	rest := a.upserted[a.delivered:]
+	rej, offered := c.deliver(ctx, ts, a.upserted[:a.delivered], rest, a.removed, a.now)
 	a.touched = append(a.touched, offered...)
-	for _, r := range a.upserted {
+	for _, r := range rest {
 		if err := rej[r.Name]; err != nil {
 			a.reject(r, err.Error()) // only an upserted resource can be rejected
 		}
@@ -445,13 +494,17 @@ func (c *Client) nackPace(repeats int) time.Duration {
 
 // deliver calls the handler with an update, adding to it the last rejected
 // version of every resource of the type that the handler rejected and that
-// the update does not name: whether a resource is valid may depend on others
-// (a VIP held by another cluster), and a Delta server never resends a
-// resource it sent. The outcome of these offers is applied to the cache here,
-// and their names returned; the handler's verdict on the update's own
-// resources is returned for the caller to apply.
-func (c *Client) deliver(ctx context.Context, ts *typeState, upserted []Resource, removed []string, now time.Time) (map[string]error, []string) {
-	in := make(map[string]struct{}, len(upserted)+len(removed))
+// the response does not name (in the update, or in the earlier slices
+// already delivered): whether a resource is valid may depend on others (a
+// VIP held by another cluster), and a Delta server never resends a resource
+// it sent. The outcome of these offers is applied to the cache here, and
+// their names returned; the handler's verdict on the update's own resources
+// is returned for the caller to apply.
+func (c *Client) deliver(ctx context.Context, ts *typeState, earlier, upserted []Resource, removed []string, now time.Time) (map[string]error, []string) {
+	in := make(map[string]struct{}, len(earlier)+len(upserted)+len(removed))
+	for _, r := range earlier {
+		in[r.Name] = struct{}{}
+	}
 	for _, r := range upserted {
 		in[r.Name] = struct{}{}
 	}
@@ -478,6 +531,9 @@ func (c *Client) deliver(ctx context.Context, ts *typeState, upserted []Resource
 	removed = slices.Compact(removed)
 
 	all := append(slices.Clip(upserted), offered...)
+	if len(all) == 0 && len(removed) == 0 {
+		return nil, nil // the earlier slices had it all
+	}
 	rej := ts.handler.HandleUpdate(ctx, Update{TypeURL: ts.url, Upserted: all, Removed: removed})
 
 	var touched []string
