@@ -202,7 +202,7 @@ func (m *clientMetrics) Collect(ch chan<- prometheus.Metric) {
 	txn := m.db.ReadTxn()
 	for ts := range m.status.All(txn) {
 		counts := make(map[ResourceState]int, len(cacheStates))
-		for r := range m.resources.List(txn, ResourcesByType(ts.TypeURL)) {
+		for r := range m.resources.Prefix(txn, ResourcesByType(ts.TypeURL)) {
 			counts[r.State]++
 		}
 		for _, s := range cacheStates {

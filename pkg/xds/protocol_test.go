@@ -250,7 +250,7 @@ func TestConcurrentSetNames(t *testing.T) {
 		tc.SetNames(EndpointType, []string{"e1", "e2"})
 		waitFor(t, "rows of e1 and e2 only", func() bool {
 			var got []string
-			for r := range tc.resources.List(tc.db.ReadTxn(), ResourcesByType(EndpointType)) {
+			for r := range tc.resources.Prefix(tc.db.ReadTxn(), ResourcesByType(EndpointType)) {
 				if r.State != StateAcked {
 					return false
 				}

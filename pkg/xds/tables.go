@@ -62,29 +62,17 @@ func resourceKey(typeURL, name string) index.Key {
 	return index.String(typeURL + " " + name)
 }
 
-var (
-	// ResourceIndex is the primary index of xds-resources: type URL and
-	// name. From a string it takes "<type URL> <name>".
-	ResourceIndex = statedb.Index[*ResourceStatus, resourceID]{
-		Name: "id",
-		FromObject: func(r *ResourceStatus) index.KeySet {
-			return index.NewKeySet(resourceKey(r.TypeURL, r.Name))
-		},
-		FromKey:    func(id resourceID) index.Key { return resourceKey(id.TypeURL, id.Name) },
-		FromString: index.FromString,
-		Unique:     true,
-	}
-	// ResourceTypeIndex indexes xds-resources by type URL.
-	ResourceTypeIndex = statedb.Index[*ResourceStatus, string]{
-		Name: "type",
-		FromObject: func(r *ResourceStatus) index.KeySet {
-			return index.NewKeySet(index.String(r.TypeURL))
-		},
-		FromKey:    index.String,
-		FromString: index.FromString,
-		Unique:     false,
-	}
-)
+// ResourceIndex is the primary index of xds-resources: type URL and name.
+// From a string it takes "<type URL> <name>".
+var ResourceIndex = statedb.Index[*ResourceStatus, resourceID]{
+	Name: "id",
+	FromObject: func(r *ResourceStatus) index.KeySet {
+		return index.NewKeySet(resourceKey(r.TypeURL, r.Name))
+	},
+	FromKey:    func(id resourceID) index.Key { return resourceKey(id.TypeURL, id.Name) },
+	FromString: index.FromString,
+	Unique:     true,
+}
 
 type resourceID struct{ TypeURL, Name string }
 
@@ -93,9 +81,12 @@ func ResourceByName(typeURL, name string) statedb.Query[*ResourceStatus] {
 	return ResourceIndex.Query(resourceID{typeURL, name})
 }
 
-// ResourcesByType queries xds-resources for all resources of a type.
+// ResourcesByType queries xds-resources, with Prefix, for all resources of a
+// type: their keys start with the type URL and a space. (A prefix of the
+// primary key, not an index of its own: that would cost every resource
+// write an index insert and a key.)
 func ResourcesByType(typeURL string) statedb.Query[*ResourceStatus] {
-	return ResourceTypeIndex.Query(typeURL)
+	return ResourceIndex.Query(resourceID{TypeURL: typeURL})
 }
 
 // ConnState is the state of the connection to the server.
@@ -207,7 +198,7 @@ var TypeStatusIndex = statedb.Index[*TypeStatus, string]{
 
 // NewResourcesTable registers xds-resources in db.
 func NewResourcesTable(db *statedb.DB) (statedb.RWTable[*ResourceStatus], error) {
-	return statedb.NewTable(db, ResourcesTableName, ResourceIndex, ResourceTypeIndex)
+	return statedb.NewTable(db, ResourcesTableName, ResourceIndex)
 }
 
 // NewStatusTable registers xds-status in db.
