@@ -120,8 +120,9 @@ func (e *entry) row(typeURL, name string) *ResourceStatus {
 // handleResponse applies one response to the cache, calls the handler with
 // what changed, and ACKs or NACKs it. Each step is one function, where the
 // rules it holds (conformance_test.go) can be found: decode (with
-// checkDuplicate), sweep, removeNamed, deliverChanges, recordOutcome,
-// markResponded, ackOrNack.
+// checkDuplicate; an InSlices handler gets each slice from deliverSlice),
+// sweep, removeNamed, deliverChanges, recordOutcome, markResponded,
+// ackOrNack.
 func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *response) error {
 	ts, ok := c.types[resp.typeURL]
 	if !ok {
