@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 )
 
 // convergence is what one convergence run measured.
@@ -134,6 +136,8 @@ func cpuTime(tb testing.TB) time.Duration {
 type updates struct {
 	shape    shape
 	protocol string
+	// process: the agent ran in its own process (agent_process_update).
+	process bool
 	// latencies from the server's UpdateResource to the write, sorted.
 	latencies []time.Duration
 	// agent latencies: from the xDS client's taking the response in to the
@@ -150,8 +154,12 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 
 func (u updates) String() string {
 	ms := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds()*1000, 'f', 3, 64) }
-	return fmt.Sprintf("BENCH update shape=%s protocol=%s maps=%s n=%d p50_ms=%s p99_ms=%s max_ms=%s agent_p50_ms=%s agent_p99_ms=%s agent_max_ms=%s",
-		u.shape, u.protocol, mapsKind(), len(u.latencies), ms(u.quantile(0.5)), ms(u.quantile(0.99)), ms(u.latencies[len(u.latencies)-1]),
+	name := "update"
+	if u.process {
+		name = "agent_process_update"
+	}
+	return fmt.Sprintf("BENCH %s shape=%s protocol=%s maps=%s n=%d p50_ms=%s p99_ms=%s max_ms=%s agent_p50_ms=%s agent_p99_ms=%s agent_max_ms=%s",
+		name, u.shape, u.protocol, mapsKind(), len(u.latencies), ms(u.quantile(0.5)), ms(u.quantile(0.99)), ms(u.latencies[len(u.latencies)-1]),
 		ms(quantile(u.agent, 0.5)), ms(quantile(u.agent, 0.99)), ms(u.agent[len(u.agent)-1]))
 }
 
@@ -177,17 +185,10 @@ func measureUpdates(tb testing.TB, s shape, protocol string, n int) updates {
 	}
 
 	u := updates{shape: s, protocol: protocol}
-	// A stride prime to N visits n distinct clusters, spread over all.
-	const stride = 7919
 	for k := range n {
-		i, j := k*stride%s.N, k%s.M
+		i, j := k*updateStride%s.N, k%s.M
 		fe := vip(i)
-		next := cla(i, s.M, func(e int) uint32 {
-			if e == j {
-				return 2
-			}
-			return 1
-		})
+		next := weightChanged(i, s.M, j)
 		a.watched.Store(&fe)
 		start := time.Now()
 		if err := srv.endpoints.UpdateResource(clusterName(i), next); err != nil {
@@ -211,6 +212,21 @@ func measureUpdates(tb testing.TB, s shape, protocol string, n int) updates {
 	slices.Sort(u.latencies)
 	slices.Sort(u.agent)
 	return u
+}
+
+// updateStride, prime to N, makes the k-th update's cluster k*stride mod
+// N: n distinct clusters, spread over all.
+const updateStride = 7919
+
+// weightChanged is cluster i's ClusterLoadAssignment of m endpoints with
+// endpoint j's weight 2 instead of 1: its Maglev table changes.
+func weightChanged(i, m, j int) types.Resource {
+	return cla(i, m, func(e int) uint32 {
+		if e == j {
+			return 2
+		}
+		return 1
+	})
 }
 
 // resetPeakRSS resets VmHWM to the current RSS (Linux's clear_refs 5), so
