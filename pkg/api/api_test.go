@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/hive/script"
 	"github.com/cilium/statedb"
@@ -171,5 +172,17 @@ func TestTableAndConfigDecodeForTheClient(t *testing.T) {
 	settings, err := f.client.Config(context.Background())
 	if err != nil || settings["datapath"] != "none" {
 		t.Errorf("config = %v, %v; want datapath none", settings, err)
+	}
+}
+
+func TestCPUProfileThroughTheSocket(t *testing.T) {
+	f := serve(t)
+	var buf bytes.Buffer
+	if err := f.client.CPUProfile(context.Background(), time.Second, &buf); err != nil {
+		t.Fatal(err)
+	}
+	// A profile is gzipped protobuf (what go tool pprof reads).
+	if b := buf.Bytes(); len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("profile of %d bytes does not start as gzip: % x", len(b), b[:min(len(b), 8)])
 	}
 }

@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cilium/statedb"
 )
@@ -101,20 +103,49 @@ func (c *Client) Table(ctx context.Context, table string, rows any) error {
 	return nil
 }
 
-func (c *Client) getJSON(ctx context.Context, path string, v any) error {
-	resp, err := c.do(ctx, http.MethodGet, path, nil)
+// CPUProfile copies a CPU profile of the agent over d to w, in the format
+// `go tool pprof` reads.
+func (c *Client) CPUProfile(ctx context.Context, d time.Duration, w io.Writer) error {
+	body, err := c.get(ctx, "debug/pprof/profile", "seconds="+strconv.Itoa(max(1, int(d.Seconds()))))
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-		return fmt.Errorf("agent at %s: /%s: %s: %s", c.Socket, path, resp.Status, strings.TrimSpace(string(msg)))
+	defer body.Close()
+	_, err = io.Copy(w, body)
+	return err
+}
+
+func (c *Client) getJSON(ctx context.Context, path string, v any) error {
+	body, err := c.get(ctx, path, "")
+	if err != nil {
+		return err
 	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+	defer body.Close()
+	if err := json.NewDecoder(body).Decode(v); err != nil {
 		return fmt.Errorf("agent at %s: /%s: %w", c.Socket, path, err)
 	}
 	return nil
+}
+
+// get GETs path with query and returns the body of a 200, or an error
+// with the agent's message.
+func (c *Client) get(ctx context.Context, path, query string) (io.ReadCloser, error) {
+	u := baseURL.JoinPath(path)
+	u.RawQuery = query
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		return nil, fmt.Errorf("agent at %s: /%s: %s: %s", c.Socket, path, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return resp.Body, nil
 }
 
 // do sends a request to the agent's API at path.
@@ -123,6 +154,10 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*
 	if err != nil {
 		return nil, err
 	}
+	return c.send(req)
+}
+
+func (c *Client) send(req *http.Request) (*http.Response, error) {
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("agent API at %s: %w (is l4xds-agent running? see --socket)", c.Socket, err)

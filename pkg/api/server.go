@@ -2,8 +2,9 @@
 
 // Package api serves the agent's local API on a unix socket: the StateDB
 // tables (/statedb/, the handler that statedb.RemoteTable and l4xds-dbg
-// read), the hive shell (/shell), health (/healthz) and the agent's
-// settings (/config).
+// read), the hive shell (/shell), health (/healthz), the agent's settings
+// (/config) and Go's profiles (/debug/pprof/, as net/http/pprof serves
+// them: `go tool pprof` reads them through the socket).
 package api
 
 import (
@@ -16,6 +17,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,6 +58,10 @@ type Settings map[string]any
 func NewHandler(db *statedb.DB, reg *health.Registry, cmds map[string]script.Cmd, settings Settings) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/statedb/", http.StripPrefix("/statedb", db.HTTPHandler()))
+	// On the socket only (mode 0600): the profiles of a node's agent are
+	// for whoever may already read its tables.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/config", func(w http.ResponseWriter, r *http.Request) {
 		// l4xds-dbg reads where the datapath is (--datapath, --bpf-root)
 		// and which server the agent was told to use.

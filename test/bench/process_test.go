@@ -161,6 +161,24 @@ func measureAgentProcessUpdates(tb testing.TB, agentBin string, s shape, protoco
 	frontends := api.RemoteTable[*lb.Frontend](p.api, lb.FrontendsTableName)
 	rows := api.RemoteTable[*xds.ResourceStatus](p.api, xds.ResourcesTableName)
 
+	if path := os.Getenv("L4XDS_BENCH_AGENT_CPU_PROFILE"); path != "" {
+		// The agent's CPU over the first seconds of the updates, for go
+		// tool pprof (through the API socket, /debug/pprof/).
+		profiled := make(chan error, 1)
+		defer func() {
+			if err := <-profiled; err != nil {
+				tb.Errorf("the agent's CPU profile: %v", err)
+			}
+		}()
+		go func() {
+			f, err := os.Create(fmt.Sprintf("%s.%s.%s", path, s, protocol))
+			if err == nil {
+				err = p.api.CPUProfile(context.Background(), 5*time.Second, f)
+				f.Close()
+			}
+			profiled <- err
+		}()
+	}
 	u := updates{shape: s, protocol: protocol, process: true}
 	for k := range n {
 		i, j := k*updateStride%s.N, k%s.M
