@@ -27,8 +27,9 @@ type DNSReport struct {
 
 func dnsCommand() *cobra.Command {
 	var (
-		server, proto, name, output string
-		timeout                     time.Duration
+		server, proto, name string
+		timeout             time.Duration
+		output              = outputText
 	)
 	cmd := &cobra.Command{
 		Use:   "dns --server ADDR --name NAME [--proto udp|tcp]",
@@ -46,9 +47,6 @@ with an A record.`,
 			}
 			if _, _, err := net.SplitHostPort(server); err != nil {
 				return fmt.Errorf("--server %q: %w", server, err)
-			}
-			if output != "text" && output != "json" {
-				return fmt.Errorf("-o %q: want text or json", output)
 			}
 			r := &DNSReport{Server: server, Proto: proto, Name: name, Answers: []string{}}
 			rcode, answers, err := queryA(server, proto, name, timeout)
@@ -68,7 +66,7 @@ with an A record.`,
 	f.StringVar(&proto, "proto", "udp", "udp or tcp")
 	f.StringVar(&name, "name", "", "Name to resolve (A records)")
 	f.DurationVar(&timeout, "timeout", 2*time.Second, "Time the query may take")
-	f.StringVarP(&output, "output", "o", "text", "text or json")
+	f.VarP(&output, "output", "o", "text or json")
 	cmd.MarkFlagRequired("server")
 	cmd.MarkFlagRequired("name")
 	return cmd

@@ -51,9 +51,10 @@ type LoadReport struct {
 
 func loadCommand() *cobra.Command {
 	var (
-		to, proto, mode, output string
-		conns, size, window     int
-		duration, timeout       time.Duration
+		to, proto, mode     string
+		conns, size, window int
+		duration, timeout   time.Duration
+		output              = outputText
 	)
 	cmd := &cobra.Command{
 		Use:   "load --to ADDR --proto udp|tcp [--mode rr|connect|stream] [--duration D]",
@@ -91,9 +92,6 @@ nothing was answered at all.`,
 			if size < 0 || size > maxLine-64 || (mode == modeRR && size > 65507) {
 				return fmt.Errorf("--size %d: out of range for %s %s", size, proto, mode)
 			}
-			if output != "text" && output != "json" {
-				return fmt.Errorf("-o %q: want text or json", output)
-			}
 			r := load(to, proto, mode, conns, size, window, duration, timeout)
 			report(output, r, func(w io.Writer) { r.print(w) })
 			if r.Answered+r.Connections+r.Bytes == 0 {
@@ -111,7 +109,7 @@ nothing was answered at all.`,
 	f.IntVar(&window, "window", 16, "UDP datagrams in flight per socket")
 	f.DurationVar(&duration, "duration", 5*time.Second, "How long to load")
 	f.DurationVar(&timeout, "timeout", 250*time.Millisecond, "Time an answer, connection or greeting may take")
-	f.StringVarP(&output, "output", "o", "text", "text or json")
+	f.VarP(&output, "output", "o", "text or json")
 	return cmd
 }
 

@@ -12,6 +12,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -48,10 +49,30 @@ func main() {
 	}
 }
 
+// outputFormat is the -o flag of the commands that report: text or json, checked
+// when the flag is parsed.
+type outputFormat string
+
+const (
+	outputText outputFormat = "text"
+	outputJSON outputFormat = "json"
+)
+
+func (o *outputFormat) String() string { return string(*o) }
+func (o *outputFormat) Type() string   { return "text|json" }
+
+func (o *outputFormat) Set(s string) error {
+	if v := outputFormat(s); v == outputText || v == outputJSON {
+		*o = v
+		return nil
+	}
+	return errors.New("want text or json")
+}
+
 // report prints a command's report: as indented JSON with -o json, else as
 // text.
-func report(output string, r any, text func(io.Writer)) {
-	if output == "json" {
+func report(o outputFormat, r any, text func(io.Writer)) {
+	if o == outputJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		enc.Encode(r)

@@ -50,10 +50,11 @@ type Report struct {
 
 func probeCommand() *cobra.Command {
 	var (
-		to, proto, output string
+		to, proto         string
 		flows, conc, size int
 		timeout           time.Duration
 		configured        []string
+		output            = outputText
 	)
 	cmd := &cobra.Command{
 		Use:   "probe --to ADDR --proto tcp|udp [--flows N]",
@@ -85,9 +86,6 @@ Exits 1 when a flow failed (after printing the report).`,
 			if size < 0 || size > maxLine {
 				return fmt.Errorf("--size %d: want 0 (small default) to %d bytes", size, maxLine)
 			}
-			if output != "text" && output != "json" {
-				return fmt.Errorf("-o %q: want text or json", output)
-			}
 			backends, err := parseBackends(configured)
 			if err != nil {
 				return err
@@ -107,7 +105,7 @@ Exits 1 when a flow failed (after printing the report).`,
 	f.IntVar(&conc, "concurrency", 16, "Flows in flight at once")
 	f.IntVar(&size, "size", 0, "Request size in bytes, answered in full and checked (0: a small request, the name as answer)")
 	f.DurationVar(&timeout, "timeout", time.Second, "Time a flow may take")
-	f.StringVarP(&output, "output", "o", "text", "text or json")
+	f.VarP(&output, "output", "o", "text or json")
 	f.StringArrayVar(&configured, "backend", nil, "A configured backend, NAME=WEIGHT[:STATE] (repeatable; STATE default active)")
 	return cmd
 }

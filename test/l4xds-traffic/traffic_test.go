@@ -4,11 +4,14 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"maps"
 	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
 )
 
 // Serve and probe over loopback: answers are counted by name, and a closed
@@ -89,6 +92,20 @@ func TestReportShowsTheExpectedSplit(t *testing.T) {
 	for _, bad := range []string{"a", "a=", "=1", "a=x", "a=-1"} {
 		if _, err := parseBackends([]string{bad}); err == nil {
 			t.Errorf("--backend %q accepted", bad)
+		}
+	}
+}
+
+// Every command that reports takes -o text or json, and refuses anything
+// else before it sends a packet.
+func TestOutputFormatIsCheckedWhenParsed(t *testing.T) {
+	for _, cmd := range []*cobra.Command{probeCommand(), loadCommand(), dnsCommand()} {
+		cmd.SetArgs([]string{"-o", "yaml"})
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(io.Discard)
+		err := cmd.Execute()
+		if err == nil || !strings.Contains(err.Error(), `invalid argument "yaml" for "-o, --output" flag: want text or json`) {
+			t.Errorf("%s -o yaml: %v, want the flag's error", cmd.Name(), err)
 		}
 	}
 }
