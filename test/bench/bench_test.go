@@ -5,7 +5,6 @@ package bench
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -98,16 +97,10 @@ func TestUpdateLatency(t *testing.T) {
 }
 
 func TestAgentProcessUpdateLatency(t *testing.T) {
-	bin := os.Getenv("L4XDS_BIN")
-	switch {
-	case bin == "":
-		t.Skip("needs $L4XDS_BIN, the directory of l4xds-agent (make test sets it)")
-	case !useBPF():
-		t.Skip("needs root: the agent writes its BPF maps, where convergence is observed")
-	}
+	agent := agentBinary(t)
 	for _, p := range protocols {
 		t.Run(p, func(t *testing.T) {
-			u := measureAgentProcessUpdates(t, filepath.Join(bin, "l4xds-agent"), shape{300, 3}, p, 30)
+			u := measureAgentProcessUpdates(t, agent, shape{300, 3}, p, 30)
 			t.Log(u)
 			if len(u.latencies) != 30 || u.latencies[0] <= 0 || len(u.agent) != 30 || u.agent[0] <= 0 || u.agent[29] > u.latencies[29] {
 				t.Errorf("latencies %v, the agent's %v", u.latencies, u.agent)

@@ -33,14 +33,7 @@ import (
 // 10000x10, the update latencies of BenchmarkUpdate with the agent apart
 // from the server and its garbage collector.
 func BenchmarkAgentProcess(b *testing.B) {
-	bin := os.Getenv("L4XDS_BIN")
-	switch {
-	case bin == "":
-		b.Skip("needs $L4XDS_BIN, the directory of l4xds-agent (make bench sets it)")
-	case !useBPF():
-		b.Skip("needs root: the agent writes its BPF maps, where convergence is observed")
-	}
-	agent := filepath.Join(bin, "l4xds-agent")
+	agent := agentBinary(b)
 	for _, p := range protocols {
 		b.Run(p, func(b *testing.B) {
 			for range b.N {
@@ -49,6 +42,17 @@ func BenchmarkAgentProcess(b *testing.B) {
 			}
 		})
 	}
+}
+
+// agentBinary is $L4XDS_BIN/l4xds-agent, for the benchmarks of the agent
+// process; they skip without it or without root (the agent writes real BPF
+// maps, where convergence is observed).
+func agentBinary(tb testing.TB) string {
+	tb.Helper()
+	if !useBPF() {
+		tb.Skip("needs root and real maps (not L4XDS_BENCH_MAPS=fake): the agent process writes its BPF maps, where convergence is observed")
+	}
+	return filepath.Join(netns.AgentBinaries(tb), "l4xds-agent")
 }
 
 // agentProcess is the agent binary running against the in-process server.
