@@ -38,6 +38,7 @@ type cfpBlock struct {
 	ClientKeyPath               *string        `yaml:"client-key-path"`
 	CACertPath                  *string        `yaml:"ca-cert-path"`
 	ServerName                  *string        `yaml:"server-name"`
+	ServerFeatures              *string        `yaml:"server-features"`
 	Insecure                    *bool          `yaml:"insecure"`
 	NodeID                      *string        `yaml:"node-id"`
 	NodeCluster                 *string        `yaml:"node-cluster"`
@@ -47,6 +48,7 @@ type cfpBlock struct {
 	Protocol                    *string        `yaml:"protocol"`
 	MaxRecvMsgSize              *int           `yaml:"max-recv-msg-size"`
 	ResourceDoesNotExistTimeout *time.Duration `yaml:"resource-does-not-exist-timeout"`
+	ConnectTimeout              *time.Duration `yaml:"connect-timeout"`
 }
 
 // applyBlock merges the block into the --xds-* settings. A key set both
@@ -68,6 +70,7 @@ func applyBlock(cfg xds.Config, b block) (xds.Config, error) {
 	merge(&errs, &cfg.XDSClientKeyPath, blk.ClientKeyPath, xds.DefaultConfig.XDSClientKeyPath, "client-key-path", "xds-client-key-path")
 	merge(&errs, &cfg.XDSCACertPath, blk.CACertPath, xds.DefaultConfig.XDSCACertPath, "ca-cert-path", "xds-ca-cert-path")
 	merge(&errs, &cfg.XDSServerName, blk.ServerName, xds.DefaultConfig.XDSServerName, "server-name", "xds-server-name")
+	merge(&errs, &cfg.XDSServerFeatures, blk.ServerFeatures, xds.DefaultConfig.XDSServerFeatures, "server-features", "xds-server-features")
 	merge(&errs, &cfg.XDSInsecure, blk.Insecure, xds.DefaultConfig.XDSInsecure, "insecure", "xds-insecure")
 	merge(&errs, &cfg.XDSNodeID, blk.NodeID, xds.DefaultConfig.XDSNodeID, "node-id", "xds-node-id")
 	merge(&errs, &cfg.XDSNodeCluster, blk.NodeCluster, xds.DefaultConfig.XDSNodeCluster, "node-cluster", "xds-node-cluster")
@@ -77,6 +80,7 @@ func applyBlock(cfg xds.Config, b block) (xds.Config, error) {
 	merge(&errs, &cfg.XDSProtocol, blk.Protocol, xds.DefaultConfig.XDSProtocol, "protocol", "xds-protocol")
 	merge(&errs, &cfg.XDSMaxRecvMsgSize, blk.MaxRecvMsgSize, xds.DefaultConfig.XDSMaxRecvMsgSize, "max-recv-msg-size", "xds-max-recv-msg-size")
 	merge(&errs, &cfg.XDSResourceDoesNotExistTimeout, blk.ResourceDoesNotExistTimeout, xds.DefaultConfig.XDSResourceDoesNotExistTimeout, "resource-does-not-exist-timeout", "xds-resource-does-not-exist-timeout")
+	merge(&errs, &cfg.XDSConnectTimeout, blk.ConnectTimeout, xds.DefaultConfig.XDSConnectTimeout, "connect-timeout", "xds-connect-timeout")
 	return cfg, errors.Join(errs...)
 }
 

@@ -81,6 +81,10 @@ type Client struct {
 	nodeSent  bool
 	// current is the server in use or being tried.
 	current *managementServer
+
+	// watch is what the run loop is busy with (watchdog.go).
+	watch      loopWatch
+	stallAfter time.Duration
 }
 
 // watchSpec is what consumers asked for one type.
@@ -136,6 +140,7 @@ func NewClient(cfg Config, log *slog.Logger, db *statedb.DB, opts ...Option) (*C
 		syncedDone: map[string]bool{},
 		wake:       make(chan struct{}, 1),
 		types:      map[string]*typeState{},
+		stallAfter: defaultStallAfter,
 	}
 	c.metrics = newClientMetrics(db, resources, status)
 	for _, o := range opts {
@@ -308,12 +313,23 @@ func (c *Client) run(ctx context.Context, health cell.Health) error {
 		c.log.Warn("xDS connection is not encrypted nor authenticated (--xds-insecure)", "server", c.cfg.XDSServerAddress)
 	}
 
+	// The watchdog lives as long as the loop it watches; it is stopped
+	// after the loop returns, here only.
+	wctx, stopWatchdog := context.WithCancel(ctx)
+	var watchdog sync.WaitGroup
+	watchdog.Go(func() { c.watchdog(wctx, c.stallAfter/4) })
+	defer func() {
+		stopWatchdog()
+		watchdog.Wait()
+	}()
+
 	c.applyWatches()
 	b := c.backoff
 	srv := c.servers[0]
 	for {
 		c.connect(srv)
 		err := c.session(ctx, srv, &b)
+		c.idle()
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -447,9 +463,15 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Until the first response, the attempt is bounded: a server that
+	// accepts and never answers (a hung process, a handshake that never
+	// ends, a server waiting for its own state) is a failed server, and
+	// the next one is tried.
+	noResponse := newAttemptTimer(c.cfg.XDSConnectTimeout, cancel)
+	defer noResponse.stop()
 	st, err := openStream(sctx, conn, c.cfg.XDSProtocol)
 	if err != nil {
-		return streamError(srv, err)
+		return noResponse.explain(streamError(srv, err))
 	}
 
 	c.startStream()
@@ -471,7 +493,13 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 			defer close(probing)
 			c.returnToHigher(sctx, srv, reqs, higher)
 		}()
-		defer func() { <-probing }() // after cancel: its rows are final
+		// The prober ends with the session, whatever ends it; waiting for
+		// it keeps its writes to the servers' rows before the next
+		// session's.
+		defer func() {
+			cancel()
+			<-probing
+		}()
 	}
 
 	respCh := make(chan recvResult)
@@ -489,18 +517,26 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 		}
 	}()
 
+	c.busy("sending the first requests to " + srv.address)
 	if err := c.sendAll(st); err != nil {
-		return sendFailed(sctx, srv, respCh, err)
+		return noResponse.explain(sendFailed(sctx, srv, respCh, err))
+	}
+	if !c.asked() {
+		noResponse.stop() // nothing asked, nothing owed
 	}
 
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	// Runs first: what follows a return (the prober's end, the
+	// connection's close) is watched too.
+	defer c.busy("closing the stream to " + srv.address)
 	for {
 		var expiry <-chan time.Time
 		if next, ok := c.nextDeadline(); ok {
 			timer.Reset(time.Until(next))
 			expiry = timer.C
 		}
+		c.idle()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -508,18 +544,22 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 			return &switchServer{to: to}
 		case r := <-respCh:
 			if r.err != nil {
-				return streamError(srv, r.err)
+				return noResponse.explain(streamError(srv, r.err))
 			}
+			noResponse.stop()
 			b.Reset()
+			c.busy("handling a " + ShortTypeName(r.resp.typeURL) + " response of " + srv.address)
 			if err := c.handleResponse(ctx, st, r.resp); err != nil {
 				return sendFailed(sctx, srv, respCh, err)
 			}
 		case <-c.wake:
+			c.busy("sending requests to " + srv.address)
 			c.applyWatches()
 			if err := c.sendAll(st); err != nil {
 				return sendFailed(sctx, srv, respCh, err)
 			}
 		case <-expiry:
+			c.busy("expiring resources")
 			now := time.Now()
 			c.expire(ctx, now)
 			if err := c.sendDueNacks(st, now); err != nil {
@@ -527,6 +567,45 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 			}
 		}
 	}
+}
+
+// asked reports whether the stream has a request out: a type whose
+// request was sent.
+func (c *Client) asked() bool {
+	for _, ts := range c.types {
+		if ts.sent {
+			return true
+		}
+	}
+	return false
+}
+
+// attemptTimer ends an attempt (cancels its context) that had no response
+// within its bound.
+type attemptTimer struct {
+	d       time.Duration
+	t       *time.Timer
+	expired atomic.Bool
+}
+
+func newAttemptTimer(d time.Duration, cancel context.CancelFunc) *attemptTimer {
+	a := &attemptTimer{d: d}
+	a.t = time.AfterFunc(d, func() {
+		a.expired.Store(true)
+		cancel()
+	})
+	return a
+}
+
+func (a *attemptTimer) stop() { a.t.Stop() }
+
+// explain replaces the error of an attempt the timer ended (a cancelled
+// context says nothing) by the reason.
+func (a *attemptTimer) explain(err error) error {
+	if a.expired.Load() {
+		return fmt.Errorf("no response within %s (--xds-connect-timeout)", a.d)
+	}
+	return err
 }
 
 // streamError turns the error of a failed stream to srv into one line.
@@ -601,6 +680,10 @@ func (c *Client) setNames(ts *typeState, names []string, now time.Time) {
 	var touched []string
 	for n := range ts.names {
 		if _, ok := want[n]; !ok {
+			if e := ts.entries[n]; e != nil && e.state == StateDeletionIgnored {
+				c.log.Info("xDS resource whose deletion was ignored is no longer asked for",
+					"type", ShortTypeName(ts.url), "name", n)
+			}
 			// The consumer stopped asking: forget, without a Removed.
 			delete(ts.entries, n)
 			ts.stopDeadline(n)

@@ -33,7 +33,11 @@ type Config struct {
 	// (each server's host), one name for every server, or one per server
 	// in the order of XDSServerAddress (an empty one is that server's host).
 	XDSServerName string
-	XDSInsecure   bool
+	// XDSServerFeatures are the servers' features (gRFC A30): empty, one
+	// list for every server, or one per server in the order of
+	// XDSServerAddress; a list's features are joined by "+".
+	XDSServerFeatures string
+	XDSInsecure       bool
 	// XDSNodeID is the node id sent to the server; $NODE_NAME, else the
 	// hostname, when empty.
 	XDSNodeID      string
@@ -45,6 +49,10 @@ type Config struct {
 	XDSProtocol                    string
 	XDSMaxRecvMsgSize              int
 	XDSResourceDoesNotExistTimeout time.Duration
+	// XDSConnectTimeout bounds an attempt on a server: the connection, the
+	// TLS handshake, the stream and its first response. A server that
+	// accepts and never answers is then a failed server, not a hang.
+	XDSConnectTimeout time.Duration
 }
 
 // DefaultConfig is the configuration of a client nobody configured: disabled.
@@ -53,6 +61,7 @@ var DefaultConfig = Config{
 	XDSProtocol:                    ProtocolSotW,
 	XDSMaxRecvMsgSize:              64 << 20,
 	XDSResourceDoesNotExistTimeout: 15 * time.Second,
+	XDSConnectTimeout:              15 * time.Second,
 }
 
 // Flags implements cell.Flagger.
@@ -65,6 +74,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("xds-ca-cert-path", def.XDSCACertPath, "PEM CA certificates that sign the xDS server certificate")
 	flags.String("xds-server-name", def.XDSServerName,
 		"Name the xDS server certificate must carry (default: host of --xds-server-address); one for every server, or one per server in the order of --xds-server-address")
+	flags.String("xds-server-features", def.XDSServerFeatures,
+		"Features of the xDS servers (gRFC A30): "+FeatureIgnoreResourceDeletion+" keeps resources the server deletes (gRFC A53); "+
+			"one list for every server, or one per server in the order of --xds-server-address; a list's features joined by +")
 	flags.Bool("xds-insecure", def.XDSInsecure, "Connect to the xDS server without TLS (testing only)")
 	flags.String("xds-node-id", def.XDSNodeID, "Node id sent to the xDS server (default: $NODE_NAME, else the hostname)")
 	flags.String("xds-node-cluster", def.XDSNodeCluster, "Node cluster sent to the xDS server")
@@ -75,6 +87,8 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Int("xds-max-recv-msg-size", def.XDSMaxRecvMsgSize, "Largest xDS response accepted, in bytes")
 	flags.Duration("xds-resource-does-not-exist-timeout", def.XDSResourceDoesNotExistTimeout,
 		"How long a requested resource may stay unanswered before it is considered deleted")
+	flags.Duration("xds-connect-timeout", def.XDSConnectTimeout,
+		"How long an attempt on an xDS server may take to connect and send its first response before the server counts as failed")
 }
 
 // Validate checks the configuration; the server and its certificates only
@@ -92,6 +106,9 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.XDSResourceDoesNotExistTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--xds-resource-does-not-exist-timeout: %s is not positive", cfg.XDSResourceDoesNotExistTimeout))
+	}
+	if cfg.XDSConnectTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--xds-connect-timeout: %s is not positive", cfg.XDSConnectTimeout))
 	}
 	return errors.Join(errs...)
 }
@@ -116,11 +133,17 @@ func (cfg Config) validateServer() (errs []error) {
 	return errs
 }
 
+// FeatureIgnoreResourceDeletion is gRFC A53's server feature: a resource
+// the server deletes is kept in use, and shown as deletion-ignored.
+const FeatureIgnoreResourceDeletion = "ignore_resource_deletion"
+
 // serverConfig is one management server of the list.
 type serverConfig struct {
 	address string
 	// name is the name its certificate must carry.
 	name string
+	// ignoreResourceDeletion is gRFC A53's feature.
+	ignoreResourceDeletion bool
 }
 
 // servers parses --xds-server-address and --xds-server-name into the
@@ -163,7 +186,39 @@ func (cfg Config) servers() ([]serverConfig, error) {
 				"give one name for every server, or one per server in the same order", len(names), len(servers)))
 		}
 	}
+	if strings.TrimSpace(cfg.XDSServerFeatures) != "" {
+		lists := splitList(cfg.XDSServerFeatures)
+		switch len(lists) {
+		case 1, len(servers):
+			for i := range servers {
+				list := lists[0]
+				if len(lists) > 1 {
+					list = lists[i]
+				}
+				if err := servers[i].setFeatures(list); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		default:
+			errs = append(errs, fmt.Errorf("--xds-server-features: %d lists for %d servers in --xds-server-address: "+
+				"give one list for every server, or one per server in the same order", len(lists), len(servers)))
+		}
+	}
 	return servers, errors.Join(errs...)
+}
+
+// setFeatures takes in one server's features, joined by "+".
+func (s *serverConfig) setFeatures(list string) error {
+	for f := range strings.SplitSeq(list, "+") {
+		switch f = strings.TrimSpace(f); f {
+		case "":
+		case FeatureIgnoreResourceDeletion:
+			s.ignoreResourceDeletion = true
+		default:
+			return fmt.Errorf("--xds-server-features: %q of server %s is not a known feature (%s)", f, s.address, FeatureIgnoreResourceDeletion)
+		}
+	}
+	return nil
 }
 
 // splitList splits a comma-separated flag value, trimming spaces.

@@ -92,17 +92,17 @@ func TestConfigServers(t *testing.T) {
 		want                   []serverConfig
 	}{
 		{"one, its host", "xds.example.internal:9000", "",
-			[]serverConfig{{"xds.example.internal:9000", "xds.example.internal"}}},
+			[]serverConfig{{address: "xds.example.internal:9000", name: "xds.example.internal"}}},
 		{"one, named", "10.0.0.1:9000", "xds.example.internal",
-			[]serverConfig{{"10.0.0.1:9000", "xds.example.internal"}}},
+			[]serverConfig{{address: "10.0.0.1:9000", name: "xds.example.internal"}}},
 		{"two, their hosts, in order", "a.example:9000, b.example:9001", "",
-			[]serverConfig{{"a.example:9000", "a.example"}, {"b.example:9001", "b.example"}}},
+			[]serverConfig{{address: "a.example:9000", name: "a.example"}, {address: "b.example:9001", name: "b.example"}}},
 		{"two, one name for both", "10.0.0.1:9000,10.0.0.2:9000", "xds.example.internal",
-			[]serverConfig{{"10.0.0.1:9000", "xds.example.internal"}, {"10.0.0.2:9000", "xds.example.internal"}}},
+			[]serverConfig{{address: "10.0.0.1:9000", name: "xds.example.internal"}, {address: "10.0.0.2:9000", name: "xds.example.internal"}}},
 		{"two, one name each", "10.0.0.1:9000,10.0.0.2:9000", "cp-a.example,cp-b.example",
-			[]serverConfig{{"10.0.0.1:9000", "cp-a.example"}, {"10.0.0.2:9000", "cp-b.example"}}},
+			[]serverConfig{{address: "10.0.0.1:9000", name: "cp-a.example"}, {address: "10.0.0.2:9000", name: "cp-b.example"}}},
 		{"an empty name is the host", "a.example:9000,10.0.0.2:9000", ",cp-b.example",
-			[]serverConfig{{"a.example:9000", "a.example"}, {"10.0.0.2:9000", "cp-b.example"}}},
+			[]serverConfig{{address: "a.example:9000", name: "a.example"}, {address: "10.0.0.2:9000", name: "cp-b.example"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -214,6 +214,41 @@ func TestCleanError(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := cleanError(tt.err, tt.handshake).Error(); got != tt.want {
 				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestConfigServerFeatures(t *testing.T) {
+	for _, tt := range []struct {
+		name, addresses, features string
+		want                      []bool
+		err                       string
+	}{
+		{"none", "a:1,b:2", "", []bool{false, false}, ""},
+		{"every server", "a:1,b:2", "ignore_resource_deletion", []bool{true, true}, ""},
+		{"the first only", "a:1,b:2", "ignore_resource_deletion,", []bool{true, false}, ""},
+		{"the second only, joined", "a:1,b:2", ",+ignore_resource_deletion", []bool{false, true}, ""},
+		{"unknown", "a:1,b:2", "ignore_resource_deletion,federation", nil,
+			`--xds-server-features: "federation" of server b:2 is not a known feature (ignore_resource_deletion)`},
+		{"too many lists", "a:1,b:2", ",,", nil,
+			"--xds-server-features: 3 lists for 2 servers in --xds-server-address: give one list for every server, or one per server in the same order"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Config{XDSServerAddress: tt.addresses, XDSServerFeatures: tt.features}.servers()
+			if tt.err != "" {
+				if err == nil || err.Error() != tt.err {
+					t.Fatalf("error = %v, want %s", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range got {
+				if s.ignoreResourceDeletion != tt.want[i] {
+					t.Errorf("server %d ignore_resource_deletion = %t, want %t", i+1, s.ignoreResourceDeletion, tt.want[i])
+				}
 			}
 		})
 	}

@@ -93,6 +93,7 @@ func TestDocsNACKMessages(t *testing.T) {
 				XDSProtocol:                    ProtocolSotW,
 				XDSMaxRecvMsgSize:              DefaultConfig.XDSMaxRecvMsgSize,
 				XDSResourceDoesNotExistTimeout: DefaultConfig.XDSResourceDoesNotExistTimeout,
+				XDSConnectTimeout:              DefaultConfig.XDSConnectTimeout,
 			}, slog.New(slog.DiscardHandler), statedb.New(), WithHealth(nopHealth{}))
 			if err != nil {
 				t.Fatal(err)

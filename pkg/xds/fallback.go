@@ -153,9 +153,13 @@ func (c *Client) probeOnce(ctx context.Context, srv *managementServer, reqs []*r
 	defer conn.Close()
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Bounded as a session's first response is: a server that accepts and
+	// never answers must not hold the return for ever.
+	noResponse := newAttemptTimer(c.cfg.XDSConnectTimeout, cancel)
+	defer noResponse.stop()
 	st, err := openStream(pctx, conn, c.cfg.XDSProtocol)
 	if err != nil {
-		return streamError(srv, err)
+		return noResponse.explain(streamError(srv, err))
 	}
 	for _, r := range reqs {
 		if st.send(r) != nil {
@@ -163,7 +167,7 @@ func (c *Client) probeOnce(ctx context.Context, srv *managementServer, reqs []*r
 		}
 	}
 	if _, err := st.recv(); err != nil {
-		return streamError(srv, err)
+		return noResponse.explain(streamError(srv, err))
 	}
 	return nil
 }

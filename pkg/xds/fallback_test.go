@@ -3,9 +3,12 @@
 package xds
 
 import (
+	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // serverRow is the xds-servers row of addr.
@@ -148,4 +151,120 @@ func TestFallbackServerNames(t *testing.T) {
 	if got := primary.seen(ClusterType); len(got) != 0 {
 		t.Errorf("the primary received requests over a refused handshake: %+v", got)
 	}
+}
+
+// The secondary in use goes while the primary is still down: the session
+// on it must end (not wait for the prober of the primary for ever), and the
+// client goes on. Both come back in turn and are used, and status and
+// health never claim a connection that is gone.
+func TestFallbackSecondaryRestartsWhilePrimaryDown(t *testing.T) {
+	forEachProtocol(t, func(t *testing.T, protocol string) {
+		certs := newCerts(t)
+		primary := startServer(t, "127.0.0.1:0", certs, func(s *testServer) { s.setClusters(cluster("a", "primary")) })
+		secondary := startServer(t, "127.0.0.1:0", certs, func(s *testServer) { s.setClusters(cluster("a", "secondary-1")) })
+		health := &healthLog{}
+		tc := startClient(t, testConfig(primary.addr+","+secondary.addr, certs, protocol), func(tc *testClient) {
+			tc.health = health
+		})
+		waitClusters(t, tc, map[string]string{"a": "primary"})
+		primary.stop()
+		waitClusters(t, tc, map[string]string{"a": "secondary-1"})
+		tc.waitInUse(t, secondary.addr)
+
+		// The secondary restarts with another state; the primary stays down.
+		secondary.stop()
+		waitFor(t, "status to say the secondary is gone", func() bool {
+			return tc.typeStatus(ClusterType).State != ConnConnected && !strings.HasPrefix(health.last(), "OK")
+		})
+		secondary = startServer(t, secondary.addr, certs, func(s *testServer) { s.setClusters(cluster("a", "secondary-2")) })
+		waitClusters(t, tc, map[string]string{"a": "secondary-2"})
+		tc.waitInUse(t, secondary.addr)
+
+		// And the primary, back, is returned to.
+		startServer(t, primary.addr, certs, func(s *testServer) { s.setClusters(cluster("a", "primary-2")) })
+		waitClusters(t, tc, map[string]string{"a": "primary-2"})
+		tc.waitInUse(t, primary.addr)
+	})
+}
+
+// A primary that accepts connections and never answers must not keep the
+// client from returning to it for ever, nor from leaving the secondary when
+// that fails: every probe of a higher server is bounded.
+func TestFallbackProbeOfAHungServerIsBounded(t *testing.T) {
+	certs := newCerts(t)
+	// A "server" that accepts TCP and never says a word (no TLS handshake).
+	hung, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var heldMu sync.Mutex
+	go func() {
+		for {
+			c, err := hung.Accept()
+			if err != nil {
+				return
+			}
+			heldMu.Lock()
+			held = append(held, c)
+			heldMu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		hung.Close()
+		heldMu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		heldMu.Unlock()
+	})
+	secondary := startServer(t, "127.0.0.1:0", certs, func(s *testServer) { s.setClusters(cluster("a", "secondary")) })
+	cfg := testConfig(hung.Addr().String()+","+secondary.addr, certs, ProtocolSotW)
+	cfg.XDSConnectTimeout = 200 * time.Millisecond
+	tc := startClient(t, cfg)
+	waitClusters(t, tc, map[string]string{"a": "secondary"})
+	tc.waitInUse(t, secondary.addr)
+	// The prober keeps trying the hung primary: each try ends.
+	waitFor(t, "several bounded probes of the hung primary", func() bool {
+		s := tc.serverRow(hung.Addr().String())
+		return s != nil && s.Failures >= 3 && strings.Contains(s.Error, "no response within")
+	})
+}
+
+// A run loop that hangs is reported by the watchdog, not hidden behind the
+// last status the loop wrote; the report goes once the loop moves on.
+func TestStuckRunLoopIsReported(t *testing.T) {
+	certs := newCerts(t)
+	srv := startServer(t, "127.0.0.1:0", certs, func(s *testServer) { s.setClusters(cluster("a", "1")) })
+	health := &healthLog{}
+	release := make(chan struct{})
+	var once sync.Once
+	tc := startClient(t, testConfig(srv.addr, certs, ProtocolSotW), func(tc *testClient) {
+		tc.health = health
+		tc.stallAfter = 200 * time.Millisecond
+		tc.clusters.onUpdate = func(u Update) {
+			for _, r := range u.Upserted {
+				if r.Name == "b" {
+					<-release // a consumer that does not return
+				}
+			}
+		}
+	})
+	// Registered after startClient's: runs before it, so that the client
+	// can stop even when the test fails.
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	waitClusters(t, tc, map[string]string{"a": "1"})
+	waitFor(t, "health OK", func() bool { return strings.HasPrefix(health.last(), "OK: ") })
+
+	srv.setClusters(cluster("a", "1"), cluster("b", "1"))
+	const stuck = "xDS client stuck for "
+	waitFor(t, "the hang reported in health and status", func() bool {
+		return strings.HasPrefix(health.last(), "Degraded: "+stuck) &&
+			strings.Contains(health.last(), "handling a Cluster response of "+srv.addr) &&
+			strings.HasPrefix(tc.typeStatus(ClusterType).Error, stuck)
+	})
+	once.Do(func() { close(release) })
+	waitFor(t, "health and status back to the loop's", func() bool {
+		return strings.HasPrefix(health.last(), "OK: ") && tc.typeStatus(ClusterType).Error == ""
+	})
 }

@@ -264,6 +264,10 @@ func (c *Client) decode(ts *typeState, slice []rawResource, first int, typeURL s
 		case e != nil && e.accepted.valid() && e.accepted == value:
 			// Unchanged. If it was nacked, the server is back to the
 			// version in use.
+			if e.state == StateDeletionIgnored {
+				c.log.Info("xDS server sends a resource whose deletion was ignored again",
+					"server", c.current.address, "type", ShortTypeName(ts.url), "name", name)
+			}
 			if e.state != StateAcked || (a.delta && e.version != raw.version) {
 				if a.delta {
 					e.version = raw.version
@@ -311,12 +315,34 @@ func (c *Client) sweep(ts *typeState, a *applied) {
 		if _, ok := a.present[name]; ok {
 			continue
 		}
+		if c.keepDeleted(ts, name, e, a) {
+			continue
+		}
 		if e.accepted.valid() {
 			a.removed = append(a.removed, name)
 		}
 		delete(ts.entries, name)
 		a.touched = append(a.touched, name)
 	}
+}
+
+// keepDeleted applies gRFC A53: when the server in use has
+// ignore_resource_deletion, a resource it deletes (absent from a full
+// state, or in a Delta response's removed_resources) keeps its accepted
+// version in use, once logged; it reports whether it did. The mark goes
+// when the server sends the resource again (decode) or the consumer stops
+// asking for it (setNames).
+func (c *Client) keepDeleted(ts *typeState, name string, e *entry, a *applied) bool {
+	if !c.current.ignoreResourceDeletion || !e.accepted.valid() {
+		return false
+	}
+	if e.state != StateDeletionIgnored {
+		c.log.Warn("xDS server deleted a resource; keeping it in use ("+FeatureIgnoreResourceDeletion+")",
+			"server", c.current.address, "type", ShortTypeName(ts.url), "name", name, "version", e.version)
+		e.state, e.updated = StateDeletionIgnored, a.now
+		a.touched = append(a.touched, name)
+	}
+	return true
 }
 
 // removeNamed applies a Delta response's removed_resources: a wildcard
@@ -333,7 +359,7 @@ func (c *Client) removeNamed(ts *typeState, resp *response, a *applied) {
 			continue
 		}
 		e, ok := ts.entries[name]
-		if !ok {
+		if !ok || c.keepDeleted(ts, name, e, a) {
 			continue
 		}
 		a.touched = append(a.touched, name)

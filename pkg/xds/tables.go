@@ -34,6 +34,9 @@ const (
 	// StateDoesNotExist: requested, but the server said it does not exist
 	// or did not answer within the does-not-exist timeout.
 	StateDoesNotExist ResourceState = "does-not-exist"
+	// StateDeletionIgnored: the server deleted the resource, and the
+	// accepted version is kept in use (gRFC A53, --xds-server-features).
+	StateDeletionIgnored ResourceState = "deletion-ignored"
 )
 
 // ResourceStatus is one row of xds-resources: one resource of one type, as

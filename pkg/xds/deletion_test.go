@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package xds
+
+import (
+	"testing"
+)
+
+// gRFC A53: with ignore_resource_deletion, what the server deletes (a
+// cluster left out of the full state, in SotW and in Delta; a server
+// restarted empty) stays in use, shown as deletion-ignored; the mark goes
+// when the server sends the resource again. Without the feature, the same
+// deletion is applied.
+func TestIgnoreResourceDeletion(t *testing.T) {
+	forEachProtocol(t, func(t *testing.T, protocol string) {
+		certs := newCerts(t)
+		srv := startServer(t, "127.0.0.1:0", certs, func(s *testServer) {
+			s.setClusters(cluster("a", "1"), cluster("b", "1"))
+		})
+		cfg := testConfig(srv.addr, certs, protocol)
+		cfg.XDSServerFeatures = FeatureIgnoreResourceDeletion
+		tc := startClient(t, cfg)
+		waitClusters(t, tc, map[string]string{"a": "1", "b": "1"})
+
+		srv.setClusters(cluster("a", "2"))
+		waitClusters(t, tc, map[string]string{"a": "2", "b": "1"})
+		tc.waitState(t, ClusterType, "b", StateDeletionIgnored)
+		if got := tc.clusters.removedNames(); len(got) != 0 {
+			t.Errorf("removed = %q, want nothing: the deletion is ignored", got)
+		}
+
+		srv.setClusters(cluster("a", "2"), cluster("b", "1"))
+		tc.waitState(t, ClusterType, "b", StateAcked)
+
+		// Restarted with nothing to serve: everything is kept.
+		srv.stop()
+		waitFor(t, "disconnected", func() bool { return tc.typeStatus(ClusterType).State != ConnConnected })
+		empty := startServer(t, srv.addr, certs, nil)
+		waitFor(t, "the empty state received", func() bool { return len(empty.sent(ClusterType)) > 0 })
+		tc.waitState(t, ClusterType, "a", StateDeletionIgnored)
+		tc.waitState(t, ClusterType, "b", StateDeletionIgnored)
+		if got := tc.clusters.removedNames(); len(got) != 0 {
+			t.Errorf("removed = %q, want nothing: the deletions are ignored", got)
+		}
+	})
+}
+
+// The feature is per server: a fallback server without it deletes.
+func TestIgnoreResourceDeletionIsPerServer(t *testing.T) {
+	certs := newCerts(t)
+	primary := startServer(t, "127.0.0.1:0", certs, func(s *testServer) { s.setClusters(cluster("a", "1"), cluster("b", "1")) })
+	secondary := startServer(t, "127.0.0.1:0", certs, func(s *testServer) { s.setClusters(cluster("a", "1")) })
+	cfg := testConfig(primary.addr+","+secondary.addr, certs, ProtocolSotW)
+	cfg.XDSServerFeatures = FeatureIgnoreResourceDeletion + ","
+	tc := startClient(t, cfg)
+	waitClusters(t, tc, map[string]string{"a": "1", "b": "1"})
+	primary.setClusters(cluster("a", "1"))
+	tc.waitState(t, ClusterType, "b", StateDeletionIgnored)
+	primary.stop()
+	tc.waitInUse(t, secondary.addr)
+	waitClusters(t, tc, map[string]string{"a": "1"})
+}
