@@ -710,10 +710,45 @@ func (c *Client) startStream() {
 		ts.sent = false
 		ts.lastNack, ts.nackRepeats, ts.pendingNack = "", 0, nil
 		clear(ts.subscribed)
-		// The first response of a wildcard type on a new stream is the
-		// server's full state: what the cache has and it lacks is swept.
-		ts.sweep = ts.wildcard
+		ts.presumed = false
 	}
+}
+
+// initialVersions is the initial_resource_versions of a Delta type's first
+// request on a stream: every accepted resource it subscribes to, with the
+// version the server gave. The server then sends what changed and removes
+// what it no longer has, also a resource asked by name (which SotW cannot
+// say: there, the cached version stays).
+//
+// Versions mean nothing to another server (after a fallback or a return),
+// and then the stream starts as SotW's does: a wildcard type's resources
+// go with an empty version, which no resource has, so that the server
+// sends all it has and removes the rest (SotW's sweep); resources asked by
+// name are not listed, and what the server lacks stays cached, as in SotW.
+//
+// A type of names whose every accepted resource goes with this server's
+// version is presumed current: the server sends nothing if nothing changed.
+func (c *Client) initialVersions(ts *typeState) map[string]string {
+	same := ts.versionsOf == c.current.address
+	if !same && !ts.wildcard {
+		return nil
+	}
+	versions := map[string]string{}
+	for name, e := range ts.entries {
+		if !e.accepted.valid() {
+			continue
+		}
+		if _, asked := ts.names[name]; !ts.wildcard && !asked {
+			continue
+		}
+		v := ""
+		if same {
+			v = e.version
+		}
+		versions[name] = v
+	}
+	ts.presumed = !ts.wildcard && same && len(versions) > 0
+	return versions
 }
 
 // sendAll sends the requests the stream lacks: each type's first, and the
@@ -758,13 +793,14 @@ func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail 
 	// they changed since: an ACK of a type with thousands of names must
 	// not walk them.
 	namesChanged := !ts.sent || ts.dirty
+	if delta && !ts.sent {
+		// A new stream says what the cache holds, and the server answers
+		// with what differs and removes what it no longer has: nothing
+		// is swept on the client, and the server may send its state in
+		// as many responses as it likes.
+		req.initialVersions = c.initialVersions(ts)
+	}
 	if delta && namesChanged {
-		// No initial_resource_versions on a new stream, ever: the server
-		// then sends everything it has, which is the full state the
-		// mark-and-sweep after a reconnect needs (go-control-plane sends
-		// it in one response, empty if it has nothing). Versions are also
-		// not comparable across servers: a restarted cache counts again
-		// from 1, and a stale resource would pass for current.
 		for n := range desired {
 			if _, ok := ts.subscribed[n]; !ok {
 				req.subscribe = append(req.subscribe, n)
@@ -974,7 +1010,13 @@ func (ts *typeState) waiting() bool {
 		return true
 	}
 	for n := range ts.names {
-		if e := ts.entries[n]; e == nil || e.state != StateDoesNotExist {
+		e := ts.entries[n]
+		switch {
+		case e == nil:
+			return true
+		case ts.presumed && e.accepted.valid():
+			// Sent with this server's version: no answer means current.
+		case e.state != StateDoesNotExist:
 			return true
 		}
 	}

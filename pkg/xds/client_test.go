@@ -250,8 +250,10 @@ func TestLastKnownGoodAndResync(t *testing.T) {
 			t.Errorf("status while disconnected: %+v", st)
 		}
 
-		// Another server with another state: a is swept, with the full
-		// state, in one update; e1 (not a wildcard type) stays.
+		// Another state on the same address: a is swept, with the full
+		// state, in one update. e1 (asked by name) stays in SotW, where
+		// the server cannot say it is gone; in Delta the server removes
+		// it (the stream's initial_resource_versions listed it).
 		startServer(t, srv.addr, certs, func(s *testServer) {
 			s.setClusters(cluster("b", "2"), cluster("c", "1"))
 		})
@@ -261,6 +263,13 @@ func TestLastKnownGoodAndResync(t *testing.T) {
 			t.Errorf("updates after the new server = %+v, want one: b and c upserted, a removed", got)
 		}
 		waitFor(t, "connected", func() bool { return tc.typeStatus(ClusterType).State == ConnConnected })
+		if protocol == ProtocolDelta {
+			tc.waitState(t, EndpointType, "e1", StateDoesNotExist)
+			if got := tc.eps.removedNames(); !slices.Equal(got, []string{"e1"}) {
+				t.Errorf("removed endpoints = %q, want e1", got)
+			}
+			return
+		}
 		if tc.eps.count() != nEndpoints {
 			t.Errorf("endpoint updates after reconnect: %+v", tc.eps.all()[nEndpoints:])
 		}

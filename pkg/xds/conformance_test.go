@@ -490,20 +490,24 @@ var conformanceRules = []conformanceRule{
 		},
 	},
 	{
-		name: "a new stream starts without versions and its first full state replaces the cache",
+		name: "a new stream says what the cache holds and the server's first state replaces the cache",
 		ref:  "xds_protocol: reconnect; version_info and initial_resource_versions",
-		differs: "the first request of a stream carries no version_info (SotW) nor " +
-			"initial_resource_versions (Delta), so that every server sends its full state, " +
-			"which is swept against the cache (mark and sweep); in Delta that first response is " +
-			"taken for a full state, although Delta responses are changes",
+		differs: "the first SotW request of a stream carries no version_info, so that every server " +
+			"sends its full state, which is swept against the cache (mark and sweep)",
 		test: func(t *testing.T, rc *ruleClient) {
 			rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"), rc.cluster("b", "1"))
 			rc.reconnect()
-			if r := rc.lastRequest(ClusterType); r.version != "" || r.nonce != "" {
+			r := rc.lastRequest(ClusterType)
+			if r.version != "" || r.nonce != "" {
 				t.Errorf("first request of the new stream = %+v, want no version nor nonce", r)
 			}
+			// Delta: the versions this server gave; it removes what it
+			// no longer has, and nothing is swept.
+			if want := map[string]string{"a": "a-1", "b": "b-1"}; rc.delta && !maps.Equal(r.initialVersions, want) {
+				t.Errorf("initial_resource_versions = %v, want %v", r.initialVersions, want)
+			}
 			n := rc.clusters.count()
-			rc.respond(ClusterType, "1", nil, rc.cluster("b", "1"), rc.cluster("c", "1"))
+			rc.respondFull(ClusterType, "1", rc.cluster("b", "1"), rc.cluster("c", "1"))
 			u := rc.clusters.all()[n:]
 			if len(u) != 1 || !slices.Equal(u[0].Removed, []string{"a"}) || !slices.Equal(names(u[0].Upserted), []string{"c"}) {
 				t.Errorf("updates after reconnect = %+v, want one: c upserted, a removed", u)
@@ -613,8 +617,18 @@ var conformanceRules = []conformanceRule{
 			if rc.clusters.count() != n || rc.eps.count() != ne {
 				t.Fatalf("handlers called before the new server's first response: %+v %+v", rc.clusters.all()[n:], rc.eps.all()[ne:])
 			}
+			// Delta: versions of another server mean nothing: the
+			// clusters go with none (it sends all it has and removes the
+			// rest), the endpoints asked by name not at all (as in SotW,
+			// what it lacks stays).
+			if r := rc.lastRequest(ClusterType); rc.delta && !maps.Equal(r.initialVersions, map[string]string{"a": "", "b": ""}) {
+				t.Errorf("clusters' initial_resource_versions on the new server = %v, want a and b without versions", r.initialVersions)
+			}
+			if r := rc.lastRequest(EndpointType); r.initialVersions != nil {
+				t.Errorf("endpoints' initial_resource_versions on the new server = %v, want none", r.initialVersions)
+			}
 			// Its first full state: b unchanged (no update for it), c new, a swept.
-			rc.respond(ClusterType, "7", nil, rc.cluster("b", "1"), rc.cluster("c", "1"))
+			rc.respondFull(ClusterType, "7", rc.cluster("b", "1"), rc.cluster("c", "1"))
 			u := rc.clusters.all()[n:]
 			if len(u) != 1 || !slices.Equal(u[0].Removed, []string{"a"}) || !slices.Equal(names(u[0].Upserted), []string{"c"}) {
 				t.Errorf("updates from the new server = %+v, want one: c upserted, a removed", u)
@@ -803,6 +817,27 @@ func (rc *ruleClient) respond(typeURL, version string, removed []string, rs ...r
 	if err := rc.handleResponse(context.Background(), rc.st, resp); err != nil {
 		rc.t.Fatal(err)
 	}
+}
+
+// respondFull hands the client the server's whole state of a type, as the
+// first response of a stream: in Delta, a conforming server removes what
+// the stream's initial_resource_versions list and it lacks.
+func (rc *ruleClient) respondFull(typeURL, version string, rs ...rawResource) {
+	rc.t.Helper()
+	var removed []string
+	if rc.delta {
+		has := map[string]bool{}
+		for _, r := range rs {
+			has[r.name] = true
+		}
+		for name := range rc.lastRequest(typeURL).initialVersions {
+			if !has[name] {
+				removed = append(removed, name)
+			}
+		}
+		slices.Sort(removed)
+	}
+	rc.respond(typeURL, version, removed, rs...)
 }
 
 func (rc *ruleClient) expire(now time.Time) { rc.Client.expire(context.Background(), now) }

@@ -3,6 +3,8 @@
 package xds
 
 import (
+	"maps"
+	"slices"
 	"testing"
 )
 
@@ -59,4 +61,26 @@ func TestIgnoreResourceDeletionIsPerServer(t *testing.T) {
 	primary.stop()
 	tc.waitInUse(t, secondary.addr)
 	waitClusters(t, tc, map[string]string{"a": "1"})
+}
+
+// Delta: a server may send its state in several responses; the first of a
+// new stream is not a full state, and nothing it lacks is swept. What the
+// server no longer has, it removes (initial_resource_versions).
+func TestDeltaInitialStateInSeveralResponses(t *testing.T) {
+	rc := newRuleClient(t, ProtocolDelta)
+	rc.respond(ClusterType, "1", nil, rc.cluster("a", "1"), rc.cluster("b", "1"), rc.cluster("c", "1"))
+	rc.reconnect()
+	n := rc.clusters.count()
+	rc.respond(ClusterType, "2", nil, rc.cluster("a", "2"))
+	rc.respond(ClusterType, "2", []string{"c"}, rc.cluster("b", "2"))
+	if got := rc.clusters.state(); !maps.Equal(got, map[string]string{"a": "2", "b": "2"}) {
+		t.Errorf("clusters = %v, want a and b at 2, c removed by the server", got)
+	}
+	var removed []string
+	for _, u := range rc.clusters.all()[n:] {
+		removed = append(removed, u.Removed...)
+	}
+	if !slices.Equal(removed, []string{"c"}) {
+		t.Errorf("removed = %q, want c only", removed)
+	}
 }

@@ -148,11 +148,20 @@ func TestRejectedResourceExists(t *testing.T) {
 			t.Errorf("removed endpoints = %q", got)
 		}
 
-		// A new server without endpoints: e2 is kept (last-known-good),
-		// e1 had nothing accepted, so its timer runs again and fires.
+		// A new server without endpoints: e1 had nothing accepted, so
+		// its timer runs again and fires. e2 is kept (last-known-good) in
+		// SotW; in Delta the server removes it (it was in the stream's
+		// initial_resource_versions).
 		srv.stop()
 		startServer(t, srv.addr, certs, nil)
 		tc.waitState(t, EndpointType, "e1", StateDoesNotExist)
+		if protocol == ProtocolDelta {
+			tc.waitState(t, EndpointType, "e2", StateDoesNotExist)
+			if got := slices.Sorted(slices.Values(tc.eps.removedNames())); !slices.Equal(got, []string{"e1", "e2"}) {
+				t.Errorf("removed endpoints = %q, want e1 (by the timer) and e2 (by the server)", got)
+			}
+			return
+		}
 		if got := tc.eps.removedNames(); !slices.Equal(got, []string{"e1"}) {
 			t.Errorf("removed endpoints = %q", got)
 		}
@@ -188,6 +197,11 @@ func TestResyncWithEmptyServer(t *testing.T) {
 		}
 		if sent := empty.sent(ClusterType); len(sent) == 0 || len(sent[0].Names) != 0 {
 			t.Errorf("responses of the empty server = %+v", sent)
+		}
+		if protocol == ProtocolDelta {
+			// The server removes e1, listed in initial_resource_versions.
+			tc.waitState(t, EndpointType, "e1", StateDoesNotExist)
+			return
 		}
 		if r := tc.resource(EndpointType, "e1"); r == nil || r.State != StateAcked {
 			t.Errorf("e1 after reconnect = %+v", r)

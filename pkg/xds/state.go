@@ -45,13 +45,19 @@ type typeState struct {
 	deadlines map[string]time.Time
 	// version is the last accepted version_info.
 	version string
+	// versionsOf is the server whose responses versioned the cache
+	// (Delta's initial_resource_versions mean nothing to another).
+	versionsOf string
 
 	// Per stream.
-	nonce      string
-	responded  bool                // a response arrived on this stream
-	sent       bool                // a request was sent on this stream
-	dirty      bool                // names changed since the last request
-	sweep      bool                // next response is a full state to sweep against (Delta)
+	nonce     string
+	responded bool // a response arrived on this stream
+	sent      bool // a request was sent on this stream
+	dirty     bool // names changed since the last request
+	// presumed: the stream's first request gave this server's version of
+	// every accepted resource of the type (Delta, by name), so no answer
+	// means they are current (initialVersions).
+	presumed   bool
 	subscribed map[string]struct{} // names subscribed on this stream (Delta)
 	lastNack   string              // version and error of the last NACK
 	// nackRepeats counts the NACKs in a row identical to lastNack.
@@ -153,6 +159,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 	// only resources of this response.
 	invalid := len(a.rejected) - a.removedTwice
 	c.metrics.updates(ts.url, len(resp.resources)-a.notAsked-invalid, invalid)
+	ts.versionsOf = c.current.address
 	c.markResponded(ts)
 	return c.ackOrNack(st, ts, resp, a.rejected, a.now)
 }
@@ -302,13 +309,11 @@ func checkDuplicate(first map[string]int, name string, i int) string {
 }
 
 // sweep deletes what the cache has and a full state lacks. Every SotW
-// response of a wildcard type is a full state; in Delta only the first of a
-// stream is (no initial_resource_versions: the server sends everything).
-// Nothing is swept when a resource had no name (A46).
+// response of a wildcard type is a full state; no Delta response is (the
+// server removes what it no longer has: initialVersions). Nothing is swept
+// when a resource had no name (A46).
 func (c *Client) sweep(ts *typeState, a *applied) {
-	fullState := ts.wildcard && (!a.delta || ts.sweep)
-	ts.sweep = false
-	if !fullState || !a.sweepSafe {
+	if !ts.wildcard || a.delta || !a.sweepSafe {
 		return
 	}
 	for name, e := range ts.entries {

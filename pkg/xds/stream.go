@@ -27,8 +27,10 @@ type request struct {
 	names       []string // SotW
 	subscribe   []string // Delta
 	unsubscribe []string // Delta
-	nonce       string
-	errorDetail *rpcStatus
+	// initialVersions is initial_resource_versions (Delta).
+	initialVersions map[string]string
+	nonce           string
+	errorDetail     *rpcStatus
 }
 
 // response is a DiscoveryResponse or a DeltaDiscoveryResponse.
@@ -112,6 +114,7 @@ func (s deltaStream) send(r *request) error {
 		TypeUrl:                  r.typeURL,
 		ResourceNamesSubscribe:   r.subscribe,
 		ResourceNamesUnsubscribe: r.unsubscribe,
+		InitialResourceVersions:  r.initialVersions,
 		ResponseNonce:            r.nonce,
 		ErrorDetail:              r.errorDetail,
 	})
