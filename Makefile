@@ -71,7 +71,7 @@ soak: build
 BENCH_E2E := ./test/bench
 bench: build
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m $$($(GO) list $(PKGS) | grep -v '/test/bench$$')
-	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench 'Convergence|Update|AgentProcess' -benchtime=1x -count=1 -timeout 60m $(BENCH_E2E)
+	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench 'Convergence|Update|AgentProcess|Fleet' -benchtime=1x -count=1 -timeout 60m $(BENCH_E2E)
 	cd cilium && $(GO) test -run '^$$' -bench Convergence -benchtime=1x -count=1 -timeout 60m ./l4xds
 	if [ "$$(id -u)" = 0 ]; then $(MAKE) bench-cilium; fi
 

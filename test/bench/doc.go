@@ -6,5 +6,6 @@
 // loadbalancer writer, datapath reconciler), which write real BPF maps as
 // root and fake ones otherwise. Its benchmarks print one `BENCH <name>
 // key=value ...` line per figure (`make bench`); its tests run the same
-// harness on a small shape and check what it reports.
+// harness on a small shape and check what it reports. BenchmarkFleet is the
+// other side: thousands of simulated agents on one control-plane process.
 package bench

@@ -1,0 +1,369 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/l4xds/l4xds/pkg/devcerts"
+	"github.com/l4xds/l4xds/pkg/xds"
+	"github.com/l4xds/l4xds/test/netns"
+)
+
+// The fleet: thousands of agents on one control-plane replica. Each
+// simulated agent is a real ADS stream over mTLS (SotW: a wildcard CDS
+// subscription and EDS by name, every response ACKed), all in this process;
+// the control plane is the l4xds-control-plane binary serving a file, so
+// that its memory and CPU are its own.
+//
+// BenchmarkFleet prints, for L4XDS_BENCH_FLEET_STREAMS streams (5000):
+//
+//	BENCH fleet streams=… shape=… change_ack_p50_ms=… change_ack_p99_ms=… change_ack_max_ms=…
+//	  server_rss_bytes_per_stream=… server_cpu_us_per_stream_change=…
+//	  restart_all_synced_s=… partial_states=0
+//
+// change_ack: from the file's write to each stream's receipt of the new
+// version (its ACK follows at once), over several changes; its max is the
+// time until every node has it. restart: the server SIGKILLed and started
+// again on its address while every stream reconnects at once: time from the
+// new process's start to every stream holding the full state again.
+// partial_states counts responses that lacked part of the served state
+// (an empty one included): a node that took one would have removed VIPs.
+func BenchmarkFleet(b *testing.B) {
+	streams := 5000
+	if v := os.Getenv("L4XDS_BENCH_FLEET_STREAMS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("L4XDS_BENCH_FLEET_STREAMS=%q: want a positive number", v)
+		}
+		streams = n
+	}
+	for range b.N {
+		fmt.Println(measureFleet(b, streams, shape{100, 10}, 5))
+	}
+}
+
+// The same harness on a small fleet: every stream gets every change and
+// the state back after a restart, and never a partial one.
+func TestFleet(t *testing.T) {
+	f := measureFleet(t, 40, shape{20, 3}, 2)
+	t.Log(f)
+	if len(f.latencies) != 40*2 || f.partial != 0 || f.restart <= 0 || f.rssPerStream == 0 {
+		t.Errorf("fleet = %+v", f)
+	}
+}
+
+type fleet struct {
+	streams int
+	shape   shape
+	// latencies from a change's write to its receipt, every stream and
+	// change, sorted.
+	latencies    []time.Duration
+	rssPerStream int64
+	cpuPerChange time.Duration // server CPU per stream and change
+	restart      time.Duration
+	partial      int64
+}
+
+func (f fleet) String() string {
+	ms := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds()*1000, 'f', 1, 64) }
+	return fmt.Sprintf("BENCH fleet streams=%d shape=%s change_ack_p50_ms=%s change_ack_p99_ms=%s change_ack_max_ms=%s "+
+		"server_rss_bytes_per_stream=%d server_cpu_us_per_stream_change=%.1f restart_all_synced_s=%.3f partial_states=%d",
+		f.streams, f.shape, ms(quantile(f.latencies, 0.5)), ms(quantile(f.latencies, 0.99)), ms(f.latencies[len(f.latencies)-1]),
+		f.rssPerStream, float64(f.cpuPerChange.Microseconds()), f.restart.Seconds(), f.partial)
+}
+
+func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
+	bin := os.Getenv("L4XDS_BIN")
+	if bin == "" {
+		tb.Skip("needs L4XDS_BIN, the directory of the built binaries (make test sets it)")
+	}
+	dir := tb.TempDir()
+	if err := devcerts.Write(dir, devcerts.Options{}); err != nil {
+		tb.Fatal(err)
+	}
+	file := filepath.Join(dir, "resources.json")
+	writeFleetState(tb, file, s, 0)
+	cp := startFleetServer(tb, filepath.Join(bin, "l4xds-control-plane"), dir, file, "127.0.0.1:0")
+	addr := cp.addr
+	rssBefore := procStatus(tb, cp.Cmd.Process.Pid, "VmRSS")
+
+	tlsConfig := fleetClientTLS(tb, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	tb.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	var partial atomic.Int64
+	nodes := make([]*fleetNode, streams)
+	for i := range nodes {
+		nodes[i] = &fleetNode{id: "node-" + strconv.Itoa(i), want: s.N, partial: &partial}
+		wg.Go(func() { nodes[i].run(ctx, addr, tlsConfig) })
+	}
+	synced := func(round int) bool {
+		for _, n := range nodes {
+			if n.round.Load() < int64(round) {
+				return false
+			}
+		}
+		return true
+	}
+	waitFleet(tb, "every stream synced", 5*time.Minute, func() bool { return synced(1) })
+	f := fleet{streams: streams, shape: s}
+	f.rssPerStream = (procStatus(tb, cp.Cmd.Process.Pid, "VmRSS") - rssBefore) / int64(streams)
+
+	for c := 1; c <= changes; c++ {
+		cpu := procCPU(tb, cp.Cmd.Process.Pid)
+		start := time.Now()
+		writeFleetState(tb, file, s, c)
+		waitFleet(tb, fmt.Sprintf("change %d on every stream", c), 5*time.Minute, func() bool { return synced(1 + c) })
+		f.cpuPerChange += (procCPU(tb, cp.Cmd.Process.Pid) - cpu) / time.Duration(streams*changes)
+		for _, n := range nodes {
+			f.latencies = append(f.latencies, n.at(1+c).Sub(start))
+		}
+	}
+	slices.Sort(f.latencies)
+
+	// The restart storm: every stream reconnects at once to a new process.
+	cp.Kill()
+	waitFleet(tb, "every stream disconnected", time.Minute, func() bool {
+		for _, n := range nodes {
+			if n.connected.Load() {
+				return false
+			}
+		}
+		return true
+	})
+	for _, n := range nodes {
+		n.resync.Store(true)
+	}
+	restart := time.Now()
+	startFleetServer(tb, filepath.Join(bin, "l4xds-control-plane"), dir, file, addr)
+	waitFleet(tb, "every stream synced after the restart", 5*time.Minute, func() bool {
+		for _, n := range nodes {
+			if n.resync.Load() {
+				return false
+			}
+		}
+		return true
+	})
+	f.restart = time.Since(restart)
+	f.partial = partial.Load()
+	return f
+}
+
+func waitFleet(tb testing.TB, what string, timeout time.Duration, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// writeFleetState writes the shape's resources, the weights of round r, as
+// Envoy's filesystem form; the control plane follows the file.
+func writeFleetState(tb testing.TB, path string, s shape, r int) {
+	var docs []string
+	add := func(m proto.Message) {
+		a, err := anypb.New(m)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		j, err := protojson.Marshal(a)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		docs = append(docs, string(j))
+	}
+	for i := range s.N {
+		add(cluster(i))
+		add(cla(i, s.M, func(j int) uint32 { return uint32(1 + (i+j+r)%10) }))
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(`{"resources": [`+strings.Join(docs, ",\n")+`]}`), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+var servingRE = regexp.MustCompile(`msg="Serving xDS" address=(\S+)`)
+
+type fleetServer struct {
+	*netns.Proc
+	addr string
+}
+
+// startFleetServer runs the control plane on addr ("…:0" for any port),
+// retrying while a killed predecessor's address is not free yet.
+func startFleetServer(tb testing.TB, bin, certs, file, addr string) *fleetServer {
+	tb.Helper()
+	for attempt := 0; ; attempt++ {
+		cmd := exec.Command(bin, "serve", "--resources", file, "--listen", addr,
+			"--cert", filepath.Join(certs, devcerts.ServerCert), "--key", filepath.Join(certs, devcerts.ServerKey),
+			"--client-ca", filepath.Join(certs, devcerts.CACert), "--log-level", "info")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		p, err := netns.StartProc("l4xds-control-plane", cmd)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(p.Stop)
+		deadline := time.Now().Add(time.Minute)
+		for time.Now().Before(deadline) && !p.Exited() {
+			if m := servingRE.FindStringSubmatch(p.Output()); m != nil {
+				return &fleetServer{Proc: p, addr: m[1]}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !p.Exited() || attempt == 50 || !strings.Contains(p.Output(), "address already in use") {
+			tb.Fatalf("l4xds-control-plane did not serve:\n%s", p.Output())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// procCPU is a process's user and system time.
+func procCPU(tb testing.TB, pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// The fields after the command, which may hold spaces, start at 3.
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	const ticksPerSecond = 100 // USER_HZ
+	return time.Duration(utime+stime) * time.Second / ticksPerSecond
+}
+
+// fleetNode is one simulated agent: a SotW ADS stream that subscribes to
+// every cluster and its endpoints and ACKs every response, reconnecting at
+// once when the stream breaks.
+type fleetNode struct {
+	id      string
+	want    int // clusters in a full state
+	partial *atomic.Int64
+
+	connected atomic.Bool
+	// round counts the EDS versions received; times holds when each came.
+	round  atomic.Int64
+	mu     sync.Mutex
+	times  []time.Time
+	resync atomic.Bool // set by the test; cleared once a full state came
+}
+
+func (n *fleetNode) at(round int) time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.times[round-1]
+}
+
+func (n *fleetNode) run(ctx context.Context, addr string, tlsConfig *tls.Config) {
+	for ctx.Err() == nil {
+		err := n.stream(ctx, addr, tlsConfig)
+		n.connected.Store(false)
+		if ctx.Err() == nil && err != nil {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+func (n *fleetNode) stream(ctx context.Context, addr string, tlsConfig *tls.Config) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		return err
+	}
+	names := make([]string, n.want)
+	for i := range names {
+		names[i] = clusterName(i)
+	}
+	node := &corev3.Node{Id: n.id}
+	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: xds.ClusterType}); err != nil {
+		return err
+	}
+	if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: xds.EndpointType, ResourceNames: names}); err != nil {
+		return err
+	}
+	n.connected.Store(true)
+	var edsVersion string
+	full := map[string]bool{}
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		if len(resp.GetResources()) != n.want {
+			n.partial.Add(1)
+		} else {
+			full[resp.GetTypeUrl()] = true
+		}
+		if resp.GetTypeUrl() == xds.EndpointType && resp.GetVersionInfo() != edsVersion && !n.resync.Load() {
+			edsVersion = resp.GetVersionInfo()
+			n.mu.Lock()
+			n.times = append(n.times, now)
+			n.mu.Unlock()
+			n.round.Add(1)
+		}
+		if full[xds.ClusterType] && full[xds.EndpointType] && n.resync.Load() {
+			n.resync.Store(false)
+		}
+		req := &discoveryv3.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
+		if resp.GetTypeUrl() == xds.EndpointType {
+			req.ResourceNames = names
+		}
+		if err := st.Send(req); err != nil {
+			return errors.Join(err, ctx.Err())
+		}
+	}
+}
+
+// fleetClientTLS is the agents' side of mTLS with the development
+// certificates of dir.
+func fleetClientTLS(tb testing.TB, dir string) *tls.Config {
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, devcerts.ClientCert), filepath.Join(dir, devcerts.ClientKey))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ca, err := os.ReadFile(filepath.Join(dir, devcerts.CACert))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS13}
+}
