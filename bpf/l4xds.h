@@ -6,8 +6,7 @@
  *
  * Addresses are 16 bytes in network order; an IPv4 address is stored
  * IPv4-mapped (::ffff:a.b.c.d), so that one key layout serves both families
- * and one LPM trie holds IPv4 and IPv6 source ranges. Ports are in network
- * order.
+ * (but for source ranges: lb_src_range_key). Ports are in network order.
  */
 #ifndef L4XDS_H
 #define L4XDS_H
@@ -144,12 +143,23 @@ struct lb_affinity {
 	__u32 pad;
 };
 
-/* LPM trie key: prefixlen counts the 32 bits of svc_id plus the address
- * prefix (an IPv4 /24 is 32 + 96 + 24). */
+/* LPM trie key: prefixlen counts the 32 bits of svc_id and the 32 of
+ * family plus the address prefix (an IPv4 /24 is 32 + 32 + 24). The family
+ * comes before the address so that the families stay apart: were IPv4 kept
+ * IPv4-mapped among the IPv6 prefixes, ::/0 would admit every IPv4 client.
+ * An IPv6 packet from an IPv4-mapped source (::ffff:a.b.c.d) is an IPv6
+ * client: only IPv6 ranges apply to it, as the address is the sender's to
+ * choose and must not borrow the trust of an IPv4 range. */
 struct lb_src_range_key {
 	__u32 prefixlen;
 	__u32 svc_id;
-	__u32 addr[4];
+	__u32 family;  /* LB_FAMILY_IPV4 or LB_FAMILY_IPV6 */
+	__u32 addr[4]; /* IPv6: the address; IPv4: the address in addr[0], the rest 0 */
+};
+
+enum {
+	LB_FAMILY_IPV4 = 4,
+	LB_FAMILY_IPV6 = 6,
 };
 
 enum {

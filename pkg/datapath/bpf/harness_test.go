@@ -202,12 +202,27 @@ func (d *datapath) setMaglev(svcID uint32, table []uint32) {
 // allowSource adds a source range of the service.
 func (d *datapath) allowSource(svcID uint32, p netip.Prefix) {
 	d.t.Helper()
-	bits := p.Bits()
-	if p.Addr().Is4() {
-		bits += 96
-	}
-	key := L4xdsLbSrcRangeKey{Prefixlen: 32 + uint32(bits), SvcId: svcID, Addr: addr(p.Masked().Addr())}
+	key := srcRangeKey(svcID, p)
 	d.must(d.objs.L4xdsSrcrange.Put(&key, uint8(1)), "source range %s", p)
+}
+
+// denySource removes a source range of the service.
+func (d *datapath) denySource(svcID uint32, p netip.Prefix) {
+	d.t.Helper()
+	key := srcRangeKey(svcID, p)
+	d.must(d.objs.L4xdsSrcrange.Delete(&key), "delete source range %s", p)
+}
+
+// srcRangeKey is the LPM key of a source range: the service, the family,
+// then the address (IPv4 in the first 4 bytes).
+func srcRangeKey(svcID uint32, p netip.Prefix) L4xdsLbSrcRangeKey {
+	p = p.Masked()
+	key := L4xdsLbSrcRangeKey{Prefixlen: 32 + 32 + uint32(p.Bits()), SvcId: svcID, Family: 6, Addr: addr(p.Addr())}
+	if p.Addr().Is4() {
+		key.Family = 4
+		key.Addr = [4]uint32{key.Addr[3]}
+	}
+	return key
 }
 
 // run runs the program once on frame.

@@ -79,6 +79,7 @@ type L4xdsLbSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
+	Family    uint32
 	Addr      [4]uint32
 }
 
