@@ -86,6 +86,8 @@ type capacity struct {
 	// 1..services, backend IDs 1..backends.
 	services, backends uint32
 	maglevSize         uint32
+	// sourceRanges is the size of the source-range map (not a flag).
+	sourceRanges uint32
 }
 
 func (c Config) capacity() capacity {
@@ -93,8 +95,13 @@ func (c Config) capacity() capacity {
 		services:   uint32(min(c.LBServiceMapMax, MaxServiceID)),
 		backends:   uint32(c.LBBackendMapMax),
 		maglevSize: uint32(c.LBMaglevTableSize),
+		// The source-range map is not sized by a flag.
+		sourceRanges: sourceRangeMapMax,
 	}
 }
+
+// sourceRangeMapMax is the size of l4xds_srcrange (LB_SOURCE_RANGES_MAX).
+const sourceRangeMapMax = 65536
 
 func isPrime(n uint) bool {
 	if n < 2 {

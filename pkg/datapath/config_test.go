@@ -53,8 +53,8 @@ func TestConfigCapacity(t *testing.T) {
 		cfg  Config
 		want capacity
 	}{
-		{DefaultConfig, capacity{services: 65535, backends: 1 << 20, maglevSize: 1021}},
-		{withMaps(2, 3), capacity{services: 2, backends: 3, maglevSize: 1021}},
+		{DefaultConfig, capacity{services: 65535, backends: 1 << 20, maglevSize: 1021, sourceRanges: 65536}},
+		{withMaps(2, 3), capacity{services: 2, backends: 3, maglevSize: 1021, sourceRanges: 65536}},
 	} {
 		if got := c.cfg.capacity(); got != c.want {
 			t.Errorf("%+v: capacity %+v, want %+v", c.cfg, got, c.want)

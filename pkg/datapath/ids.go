@@ -86,11 +86,24 @@ type service struct {
 	ranges map[netip.Prefix]struct{}
 }
 
-func (svc *service) addRange(p netip.Prefix) {
+// addRange records a source range of the service as written.
+func (r *registry) addRange(svc *service, p netip.Prefix) {
+	if _, ok := svc.ranges[p]; ok {
+		return
+	}
 	if svc.ranges == nil {
 		svc.ranges = map[netip.Prefix]struct{}{}
 	}
 	svc.ranges[p] = struct{}{}
+	r.ranges++
+}
+
+// removeRange records a source range of the service as deleted.
+func (r *registry) removeRange(svc *service, p netip.Prefix) {
+	if _, ok := svc.ranges[p]; ok {
+		delete(svc.ranges, p)
+		r.ranges--
+	}
 }
 
 type tableState uint8
@@ -123,6 +136,8 @@ type registry struct {
 	byID       map[uint32]*service
 	// vips counts the services of each VIP (l4xds_vips).
 	vips map[netip.Addr]uint32
+	// ranges counts the l4xds_srcrange entries of all services.
+	ranges int
 }
 
 func newRegistry(c capacity) *registry {
@@ -172,6 +187,7 @@ func (r *registry) remove(svc *service) {
 	for _, be := range svc.backends {
 		r.backendIDs.release(be.id)
 	}
+	r.ranges -= len(svc.ranges)
 	delete(r.services, svc.frontend)
 	delete(r.byID, svc.id)
 	r.serviceIDs.release(svc.id)
@@ -247,6 +263,6 @@ func (r *registry) restoreSourceRange(k bpf.L4xdsLbSrcRangeKey) error {
 	if !ok {
 		return fmt.Errorf("source range %s: service %d does not exist", p, k.SvcId)
 	}
-	svc.addRange(p)
+	r.addRange(svc, p)
 	return nil
 }

@@ -229,9 +229,10 @@ func keepPinnedSizes(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) er
 // the pinned maps that kept theirs.
 func (d *Datapath) capacity(maglevSize uint32) capacity {
 	return capacity{
-		services:   min(d.Maps.services.MaxEntries(), MaxServiceID),
-		backends:   d.Maps.backends.MaxEntries(),
-		maglevSize: maglevSize,
+		services:     min(d.Maps.services.MaxEntries(), MaxServiceID),
+		backends:     d.Maps.backends.MaxEntries(),
+		maglevSize:   maglevSize,
+		sourceRanges: d.Maps.srcRange.MaxEntries(),
 	}
 }
 
