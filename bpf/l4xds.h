@@ -21,6 +21,7 @@
 #define LB_AFFINITY_MAX (1 << 16)
 #define LB_SOURCE_RANGES_MAX 65536
 #define LB_FRAGS_MAX 8192
+#define LB_OLD_VIPS_MAX 4096
 
 /* tcx verdicts (uapi linux/bpf.h since 6.6; defined here so the programs
  * build against older UAPI headers). */
@@ -169,11 +170,16 @@ enum {
 	LB_DROP_FRAGMENT = 3,     /* later IP fragment to a VIP whose first fragment was not seen */
 	LB_DROP_MALFORMED = 4,    /* truncated headers to a VIP */
 	LB_DROP_BACKEND_FAMILY = 5, /* backend of another IP family than the VIP */
-	LB_DROP_MAX = 6,
+	LB_DROP_PROTOCOL = 6,     /* an IP protocol other than TCP, UDP, ICMP to a VIP */
+	LB_DROP_ICMP = 7,         /* ICMP to a VIP but an error of a translated flow (echo, ...) */
+	LB_DROP_IPV6_EXTENSION = 8, /* IPv6 extension headers before TCP/UDP (but one leading Fragment header) to a VIP */
+	LB_DROP_REMOVED_VIP = 9,  /* to a VIP removed less than --lb-removed-vip-grace ago */
+	LB_DROP_MAX = 10,
 };
 
 /* Per-CPU counters, indexed by service id; index 0 holds what no service
- * can be charged with (LB_DROP_UNKNOWN_PORT). */
+ * can be charged with (LB_DROP_UNKNOWN_PORT, and the drops of packets to a
+ * VIP whose ports are not read). */
 struct lb_stats {
 	__u64 packets; /* both directions, forwarded */
 	__u64 bytes;

@@ -115,6 +115,7 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	if d.Maps, err = newMaps(&d.objs.L4xdsMaps, inner.Copy()); err != nil {
 		return nil, err
 	}
+	d.Maps.removedVIPGrace = cfg.LBRemovedVIPGrace
 	devices, err := resolveDevices(cfg.Devices)
 	if err != nil {
 		return nil, fmt.Errorf("--devices: detect: %w", err)

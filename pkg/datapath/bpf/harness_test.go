@@ -28,6 +28,10 @@ const (
 	dropFragment
 	dropMalformed
 	dropBackendFamily
+	dropProtocol
+	dropICMP
+	dropExtension
+	dropRemovedVIP
 )
 
 // Backend states (LB_BACKEND_*) and service flags (LB_SVC_F_*).
@@ -171,6 +175,36 @@ func (d *datapath) addService(s service) {
 	_ = d.objs.L4xdsVips.Lookup(&vip, &n)
 	n++
 	d.must(d.objs.L4xdsVips.Put(&vip, &n), "vip %s", s.vip.Addr())
+}
+
+// removeService deletes the service and its backends, and its VIP with
+// its last service, as the agent does: the VIP is then a removed one,
+// dropped until the monotonic time until (ns).
+func (d *datapath) removeService(s service, until uint64) {
+	d.t.Helper()
+	key := L4xdsLbSvcKey{Addr: addr(s.vip.Addr()), Port: port(s.vip.Port()), Proto: s.proto}
+	d.must(d.objs.L4xdsServices.Delete(&key), "delete service %s", s.vip)
+	for _, b := range s.backends {
+		d.deleteBackend(b.id)
+	}
+	_ = d.objs.L4xdsMaglev.Delete(s.id)
+	var n uint32
+	vip := addr(s.vip.Addr())
+	d.must(d.objs.L4xdsVips.Lookup(&vip, &n), "vip %s", s.vip.Addr())
+	if n--; n > 0 {
+		d.must(d.objs.L4xdsVips.Put(&vip, &n), "vip %s", s.vip.Addr())
+		return
+	}
+	d.setRemovedVIP(s.vip.Addr(), until)
+	d.must(d.objs.L4xdsVips.Delete(&vip), "delete vip %s", s.vip.Addr())
+}
+
+// setRemovedVIP marks a VIP removed, dropped until the monotonic time
+// until (ns).
+func (d *datapath) setRemovedVIP(a netip.Addr, until uint64) {
+	d.t.Helper()
+	vip := addr(a)
+	d.must(d.objs.L4xdsOldVips.Put(&vip, until), "removed vip %s", a)
 }
 
 func (d *datapath) putBackend(svcID uint32, b backend) {

@@ -392,14 +392,8 @@ func TestDatapath(t *testing.T) {
 			steps: []step{
 				pass("tcp to another address", syn(client4, other4).frame()),
 				pass("udp to another address", udp(client6, netip.MustParseAddrPort("[2001:db8::99]:80"), "x").frame()),
-				pass("ICMP echo to the VIP", ether(clientMAC, lbMAC, ipPacket(client4.Addr(), vip4.Addr(), protoICMP,
-					[]byte{8, 0, 0xf7, 0xff, 0, 0, 0, 0}, ipv4Opts{}))),
-				pass("IPv6 extension header to the VIP", func() []byte {
-					// Hop-by-hop options (PadN) before TCP.
-					l4 := append([]byte{protoTCP, 0, 1, 4, 0, 0, 0, 0}, tcp6.l4()...)
-					f := ether(clientMAC, lbMAC, ipPacket(client6.Addr(), vip6.Addr(), 0, l4, ipv4Opts{}))
-					return f
-				}()),
+				pass("ICMP echo to another address", icmpMessage(client4.Addr(), other4.Addr(), icmpEcho)),
+				pass("IPv6 extension header to another address", withExtension(syn(client6, netip.MustParseAddrPort("[2001:db8::99]:80")), protoHopByHop)),
 				pass("VLAN-tagged", func() []byte {
 					f := tcp4.frame()
 					return append(append(append([]byte{}, f[:12]...), 0x81, 0x00, 0x00, 0x05), f[12:]...)
