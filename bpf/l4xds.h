@@ -71,8 +71,16 @@ struct lb_backend {
 	__u32 addr[4];
 	__be16 port;
 	__u8 state; /* LB_BACKEND_* */
-	__u8 pad;
+	__u8 flags; /* LB_BACKEND_F_* */
 	__u32 svc_id;
+};
+
+enum {
+	/* Active, but not in the service's Maglev table: of a priority
+	 * behind the best one that has active backends (failover), or of
+	 * weight 0. It keeps its flows; client affinity does not send new
+	 * ones to it. (0 in entries of agents before it: they are rewritten.) */
+	LB_BACKEND_F_STANDBY = 1 << 0,
 };
 
 enum {

@@ -26,6 +26,10 @@ const (
 	svcFlagSourceRanges = 1 << 0
 	svcFlagAffinity     = 1 << 1
 
+	// backendFlagStandby: active, but not in the Maglev table (a priority
+	// behind the best, or weight 0); affinity sends no new flow to it.
+	backendFlagStandby = 1 << 0
+
 	// srcRangeSvcBits is the svc_id part of an LPM key's prefix length.
 	srcRangeSvcBits = 32
 )

@@ -119,8 +119,10 @@ const (
 // backend is an l4xds_backends entry; the rest of its value follows from
 // its service and address.
 type backend struct {
-	id      uint32
-	state   lb.BackendState
+	id    uint32
+	state lb.BackendState
+	// standby is LB_BACKEND_F_STANDBY as written.
+	standby bool
 	written bool
 	// weight is its weight in the Maglev table as written, 0 if it is not
 	// in it.
@@ -250,7 +252,7 @@ func (r *registry) restoreBackend(id uint32, v bpf.L4xdsLbBackend) error {
 	if err := r.backendIDs.reserve(id); err != nil {
 		return fmt.Errorf("backend %s: %w", addr, err)
 	}
-	svc.backends[addr] = backend{id: id, state: lb.BackendState(v.State), written: true}
+	svc.backends[addr] = backend{id: id, state: lb.BackendState(v.State), standby: v.Flags&backendFlagStandby != 0, written: true}
 	return nil
 }
 

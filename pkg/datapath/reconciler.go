@@ -261,11 +261,16 @@ func (o *ops) prepare(st *step) (err error) {
 		if err != nil {
 			return err
 		}
-		if force || !be.written || be.state != want.state {
+		standby := want.state == lb.BackendStateActive && !want.usable
+		if force || !be.written || be.state != want.state || be.standby != standby {
+			v := backendToBPF(svc.id, want.addr, want.state)
+			if standby {
+				v.Flags |= backendFlagStandby
+			}
 			ids = append(ids, be.id)
-			values = append(values, backendToBPF(svc.id, want.addr, want.state))
+			values = append(values, v)
 			addrs = append(addrs, want.addr)
-			be.state, be.written = want.state, true
+			be.state, be.standby, be.written = want.state, standby, true
 		}
 		var weight uint16
 		if want.usable {

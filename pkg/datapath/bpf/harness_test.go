@@ -38,6 +38,7 @@ const (
 const (
 	backendActive      = 0
 	backendTerminating = 1
+	backendFStandby    = 1 << 0
 
 	svcSourceRanges = 1 << 0
 	svcAffinity     = 1 << 1
@@ -133,6 +134,7 @@ type backend struct {
 	id    uint32
 	addr  netip.AddrPort
 	state uint8
+	flags uint8 // LB_BACKEND_F_*
 }
 
 // service is one frontend with its backends. The Maglev table is filled
@@ -209,7 +211,7 @@ func (d *datapath) setRemovedVIP(a netip.Addr, until uint64) {
 
 func (d *datapath) putBackend(svcID uint32, b backend) {
 	d.t.Helper()
-	val := L4xdsLbBackend{Addr: addr(b.addr.Addr()), Port: port(b.addr.Port()), State: b.state, SvcId: svcID}
+	val := L4xdsLbBackend{Addr: addr(b.addr.Addr()), Port: port(b.addr.Port()), State: b.state, Flags: b.flags, SvcId: svcID}
 	d.must(d.objs.L4xdsBackends.Put(b.id, &val), "backend %d", b.id)
 }
 

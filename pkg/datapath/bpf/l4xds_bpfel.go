@@ -31,7 +31,7 @@ type L4xdsLbBackend struct {
 	Addr  [4]uint32
 	Port  uint16
 	State uint8
-	Pad   uint8
+	Flags uint8
 	SvcId uint32
 }
 
