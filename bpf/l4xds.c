@@ -5,13 +5,22 @@
  * Maglev table, reverse-NATs the backends' replies, and keeps flows on
  * their backend through conntrack.
  *
- * Per IPv4/IPv6 TCP/UDP packet (other protocols pass, but ICMP errors, below):
+ * Per IPv4/IPv6 TCP/UDP packet (ICMP errors: below):
  *   1. a backend's reply (CT_REPLY hit): source restored to the VIP;
  *   2. to a VIP:port/proto we serve: source ranges, then the flow's
  *      backend from conntrack, or a new one (affinity, then Maglev);
  *      no usable backend: TCP RST / ICMP port unreachable;
  *   3. to a VIP on a port we do not serve: dropped and counted;
  *   4. anything else: passed.
+ * Whatever else is addressed to a VIP, or to one removed within its grace
+ * period (l4xds_old_vips), is dropped and counted by reason: other IP
+ * protocols, IPv6 extension headers, ICMP but errors of translated flows
+ * (echo included: the node does not own the VIP, an answer would speak
+ * for the node and not for the backends, and answers sent from here
+ * would make one more reflector for spoofed sources), truncated headers.
+ * Passed to the stack, such a packet would be forwarded to the node's
+ * default route, which on an edge node routes the VIP back to the node,
+ * until the TTL runs out. Neighbour discovery passes: it is the stack's.
  * The first fragment of a datagram (IPv4, or IPv6 with a Fragment header
  * right after the fixed header) goes through the same steps and leaves its
  * translation in l4xds_frags for the later fragments, which have no ports.
@@ -50,10 +59,6 @@
 #include "lib/icmp.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
-
-/* Verdicts of the steps below that let the packet go on to the next one. */
-#define VERDICT_CONTINUE -100
-#define VERDICT_REJECT -101
 
 /* A backend's reply: restore the VIP as source. The entries of a flow are
  * refreshed (and marked closing) from either direction, at most once a
@@ -157,11 +162,17 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 
 	if (svc_flags & LB_SVC_F_SOURCE_RANGES) {
 		struct lb_src_range_key key = {
-			.prefixlen = 32 + 128,
+			.prefixlen = 32 + 32 + 128,
 			.svc_id = svc_id,
 		};
 
-		__builtin_memcpy(key.addr, p->saddr, 16);
+		if (p->v6) {
+			key.family = LB_FAMILY_IPV6;
+			__builtin_memcpy(key.addr, p->saddr, 16);
+		} else {
+			key.family = LB_FAMILY_IPV4;
+			key.addr[0] = p->saddr[3];
+		}
 		if (!bpf_map_lookup_elem(&l4xds_srcrange, &key)) {
 			count_drop(svc_id, LB_DROP_SOURCE_RANGE);
 			return TCX_DROP;
@@ -285,9 +296,14 @@ int l4xds_ingress(struct __sk_buff *skb)
 	case PARSE_FRAGMENT:
 		return handle_fragment(skb, &p);
 	case PARSE_ICMP:
-		return handle_icmp_error(skb, &p);
+		ret = handle_icmp_error(skb, &p);
+		if (ret != VERDICT_CONTINUE)
+			return ret;
+		return drop_if_vip(&p, LB_DROP_ICMP);
 	case PARSE_MALFORMED:
 		return drop_if_vip(&p, LB_DROP_MALFORMED);
+	case PARSE_UNTRANSLATED:
+		return drop_if_vip(&p, p.untranslated);
 	default:
 		return TCX_NEXT;
 	}
@@ -304,6 +320,10 @@ int l4xds_ingress(struct __sk_buff *skb)
 
 	if (bpf_map_lookup_elem(&l4xds_vips, p.daddr)) {
 		count_drop(0, LB_DROP_UNKNOWN_PORT);
+		return TCX_DROP;
+	}
+	if (vip_removed(p.daddr)) {
+		count_drop(0, LB_DROP_REMOVED_VIP);
 		return TCX_DROP;
 	}
 	return TCX_NEXT;

@@ -6,8 +6,7 @@
  *
  * Addresses are 16 bytes in network order; an IPv4 address is stored
  * IPv4-mapped (::ffff:a.b.c.d), so that one key layout serves both families
- * and one LPM trie holds IPv4 and IPv6 source ranges. Ports are in network
- * order.
+ * (but for source ranges: lb_src_range_key). Ports are in network order.
  */
 #ifndef L4XDS_H
 #define L4XDS_H
@@ -22,6 +21,7 @@
 #define LB_AFFINITY_MAX (1 << 16)
 #define LB_SOURCE_RANGES_MAX 65536
 #define LB_FRAGS_MAX 8192
+#define LB_OLD_VIPS_MAX 4096
 
 /* tcx verdicts (uapi linux/bpf.h since 6.6; defined here so the programs
  * build against older UAPI headers). */
@@ -71,8 +71,16 @@ struct lb_backend {
 	__u32 addr[4];
 	__be16 port;
 	__u8 state; /* LB_BACKEND_* */
-	__u8 pad;
+	__u8 flags; /* LB_BACKEND_F_* */
 	__u32 svc_id;
+};
+
+enum {
+	/* Active, but not in the service's Maglev table: of a priority
+	 * behind the best one that has active backends (failover), or of
+	 * weight 0. It keeps its flows; client affinity does not send new
+	 * ones to it. (0 in entries of agents before it: they are rewritten.) */
+	LB_BACKEND_F_STANDBY = 1 << 0,
 };
 
 enum {
@@ -144,12 +152,23 @@ struct lb_affinity {
 	__u32 pad;
 };
 
-/* LPM trie key: prefixlen counts the 32 bits of svc_id plus the address
- * prefix (an IPv4 /24 is 32 + 96 + 24). */
+/* LPM trie key: prefixlen counts the 32 bits of svc_id and the 32 of
+ * family plus the address prefix (an IPv4 /24 is 32 + 32 + 24). The family
+ * comes before the address so that the families stay apart: were IPv4 kept
+ * IPv4-mapped among the IPv6 prefixes, ::/0 would admit every IPv4 client.
+ * An IPv6 packet from an IPv4-mapped source (::ffff:a.b.c.d) is an IPv6
+ * client: only IPv6 ranges apply to it, as the address is the sender's to
+ * choose and must not borrow the trust of an IPv4 range. */
 struct lb_src_range_key {
 	__u32 prefixlen;
 	__u32 svc_id;
-	__u32 addr[4];
+	__u32 family;  /* LB_FAMILY_IPV4 or LB_FAMILY_IPV6 */
+	__u32 addr[4]; /* IPv6: the address; IPv4: the address in addr[0], the rest 0 */
+};
+
+enum {
+	LB_FAMILY_IPV4 = 4,
+	LB_FAMILY_IPV6 = 6,
 };
 
 enum {
@@ -159,11 +178,16 @@ enum {
 	LB_DROP_FRAGMENT = 3,     /* later IP fragment to a VIP whose first fragment was not seen */
 	LB_DROP_MALFORMED = 4,    /* truncated headers to a VIP */
 	LB_DROP_BACKEND_FAMILY = 5, /* backend of another IP family than the VIP */
-	LB_DROP_MAX = 6,
+	LB_DROP_PROTOCOL = 6,     /* an IP protocol other than TCP, UDP, ICMP to a VIP */
+	LB_DROP_ICMP = 7,         /* ICMP to a VIP but an error of a translated flow (echo, ...) */
+	LB_DROP_IPV6_EXTENSION = 8, /* IPv6 extension headers before TCP/UDP (but one leading Fragment header) to a VIP */
+	LB_DROP_REMOVED_VIP = 9,  /* to a VIP removed less than --lb-removed-vip-grace ago */
+	LB_DROP_MAX = 10,
 };
 
 /* Per-CPU counters, indexed by service id; index 0 holds what no service
- * can be charged with (LB_DROP_UNKNOWN_PORT). */
+ * can be charged with (LB_DROP_UNKNOWN_PORT, and the drops of packets to a
+ * VIP whose ports are not read). */
 struct lb_stats {
 	__u64 packets; /* both directions, forwarded */
 	__u64 bytes;

@@ -50,6 +50,9 @@ ct_backend(const struct pkt *p, struct lb_ct_entry *e, __u32 svc_id, __u64 now)
 	return be;
 }
 
+/* The backend a client's affinity names, if it still takes new flows:
+ * active, and in the service's table (not LB_BACKEND_F_STANDBY), so that
+ * affinity does not override priority failover or a weight of 0. */
 static __always_inline struct lb_backend *
 affinity_backend(const struct pkt *p, __u32 svc_id, __u32 timeout, __u64 now,
 		 __u32 *backend_id)
@@ -65,7 +68,7 @@ affinity_backend(const struct pkt *p, __u32 svc_id, __u32 timeout, __u64 now,
 	*backend_id = a->backend_id;
 	be = bpf_map_lookup_elem(&l4xds_backends, backend_id);
 	if (!be || be->svc_id != svc_id || be->state != LB_BACKEND_ACTIVE ||
-	    is_v4mapped(be->addr) == p->v6)
+	    (be->flags & LB_BACKEND_F_STANDBY) || is_v4mapped(be->addr) == p->v6)
 		return NULL;
 	return be;
 }

@@ -12,6 +12,13 @@ static __always_inline int icmp_is_error(const struct pkt *p, __u8 type)
 	return type == ICMP_DEST_UNREACH || type == ICMP_TIME_EXCEEDED;
 }
 
+/* Neighbour discovery, the stack's: a router's unreachability probe to
+ * an address the node answers for must reach it. */
+static __always_inline int icmp_is_ndisc(const struct pkt *p, __u8 type)
+{
+	return p->v6 && type >= ICMPV6_NDISC_FIRST && type <= ICMPV6_NDISC_LAST;
+}
+
 /* The fields of an ICMP error's quote that translation changes. All sit at
  * even offsets of the ICMP message, so the change of the message's sum is
  * one bpf_csum_diff of their old and new values. */
@@ -44,8 +51,9 @@ struct icmp_quote_l4 {
  * for TCP with 18 bytes of header), so the quote is the packet as its
  * sender sent it, although Linux does not check it. Every checksum is
  * updated from the same differences, so the packet's total sum stays the
- * same (skb->csum of CHECKSUM_COMPLETE holds). Errors without a flow pass
- * untouched. */
+ * same (skb->csum of CHECKSUM_COMPLETE holds). Anything else (errors of
+ * no flow, echo, ...) is VERDICT_CONTINUE, but neighbour discovery, which
+ * passes. */
 __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct icmp_err_hdr icmp;
@@ -66,12 +74,12 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 	icmp_off = ETH_HLEN + p->l3_len;
 	if (p->l4_len < sizeof(icmp) ||
 	    bpf_skb_load_bytes(skb, icmp_off, &icmp, sizeof(icmp)) < 0)
-		return TCX_NEXT;
+		return VERDICT_CONTINUE;
 	if (!icmp_is_error(p, icmp.type))
-		return TCX_NEXT;
+		return icmp_is_ndisc(p, icmp.type) ? TCX_NEXT : VERDICT_CONTINUE;
 	in_off = icmp_off + sizeof(icmp);
 	if (skb->len < in_off)
-		return TCX_NEXT;
+		return VERDICT_CONTINUE;
 	quote = p->l4_len - sizeof(icmp);
 	if (quote > skb->len - in_off)
 		quote = skb->len - in_off;
@@ -81,9 +89,9 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 
 		if (bpf_skb_load_bytes(skb, in_off, &ip6, sizeof(ip6)) < 0 ||
 		    ip6.version != 6)
-			return TCX_NEXT;
+			return VERDICT_CONTINUE;
 		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
-			return TCX_NEXT;
+			return VERDICT_CONTINUE;
 		key.proto = ip6.nexthdr;
 		__builtin_memcpy(key.saddr, &ip6.daddr, 16);
 		__builtin_memcpy(key.daddr, &ip6.saddr, 16);
@@ -93,12 +101,12 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 
 		if (bpf_skb_load_bytes(skb, in_off, &ip, sizeof(ip)) < 0 ||
 		    ip.version != 4 || ip.ihl < 5)
-			return TCX_NEXT;
+			return VERDICT_CONTINUE;
 		if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
-			return TCX_NEXT;
+			return VERDICT_CONTINUE;
 		/* A later fragment quotes no ports. */
 		if (ip.frag_off & bpf_htons(IP_OFFSET))
-			return TCX_NEXT;
+			return VERDICT_CONTINUE;
 		key.proto = ip.protocol;
 		key.saddr[2] = bpf_htonl(0x0000ffff);
 		key.saddr[3] = ip.daddr;
@@ -108,10 +116,10 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 		in_l3 = ip.ihl * 4;
 	}
 	if (!addr_eq(p->daddr, key.daddr) || quote < in_l3 + sizeof(l4h))
-		return TCX_NEXT;
+		return VERDICT_CONTINUE;
 	l4_off = in_off + in_l3;
 	if (bpf_skb_load_bytes(skb, l4_off, &l4h, sizeof(l4h)) < 0)
-		return TCX_NEXT;
+		return VERDICT_CONTINUE;
 	/* The flow's entry seen from the quoted packet's receiver. */
 	key.sport = l4h.ports[1];
 	key.dport = l4h.ports[0];
@@ -130,11 +138,11 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 		key.dir = CT_FORWARD;
 		e = bpf_map_lookup_elem(&l4xds_ct, &key);
 		if (!e)
-			return TCX_NEXT;
+			return VERDICT_CONTINUE;
 		svc_id = e->svc_id;
 		be = bpf_map_lookup_elem(&l4xds_backends, &e->backend_id);
 		if (!be || be->svc_id != svc_id)
-			return TCX_NEXT;
+			return VERDICT_CONTINUE;
 		reply = 0;
 		__builtin_memcpy(old.addr, key.daddr, 16); /* the VIP */
 		__builtin_memcpy(new.addr, be->addr, 16);
@@ -142,7 +150,7 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 		__builtin_memcpy(outer_old, p->daddr, 16);
 	}
 	if (is_v4mapped(new.addr) == p->v6)
-		return TCX_NEXT;
+		return VERDICT_CONTINUE;
 
 	old.ports[0] = l4h.ports[0];
 	old.ports[1] = l4h.ports[1];
@@ -152,7 +160,7 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 	} else if (quote >= in_l3 + offsetof(struct tcp_hdr, check) + 2) {
 		l4_check_off = l4_off + offsetof(struct tcp_hdr, check);
 		if (bpf_skb_load_bytes(skb, l4_check_off, &old.l4_check, 2) < 0)
-			return TCX_NEXT;
+			return VERDICT_CONTINUE;
 	}
 	new.ports[0] = reply ? old.ports[0] : new_port;
 	new.ports[1] = reply ? new_port : old.ports[1];
@@ -173,7 +181,7 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 	s = bpf_csum_diff((__be32 *)&old, sizeof(old), (__be32 *)&new,
 			  sizeof(new), p->v6 ? outer_diff : 0);
 	if (s < 0)
-		return TCX_NEXT;
+		return VERDICT_CONTINUE;
 	icmp.checksum = csum_update(icmp.checksum, (__u32)s);
 
 	/* The outer address on the error's side of the flow, and the quoted

@@ -50,16 +50,30 @@ __noinline int vip_service(const struct pkt *p)
 	return bpf_map_lookup_elem(&l4xds_vips, p->daddr) ? 0 : -1;
 }
 
-/* Fragments and truncated headers are dropped when they are for a VIP,
- * and passed otherwise. */
+/* Whether daddr is a VIP removed within its grace period. */
+static __always_inline int vip_removed(const __u32 *daddr)
+{
+	__u64 *until = bpf_map_lookup_elem(&l4xds_old_vips, daddr);
+
+	return until && bpf_ktime_get_ns() < *until;
+}
+
+/* A packet that is not translated: dropped when it is for a VIP, or one
+ * removed within its grace period (LB_DROP_REMOVED_VIP, whatever the
+ * packet), and passed otherwise. */
 static __always_inline int drop_if_vip(const struct pkt *p, __u32 reason)
 {
 	int svc_id = vip_service(p);
 
-	if (svc_id < 0)
-		return TCX_NEXT;
-	count_drop(svc_id, reason);
-	return TCX_DROP;
+	if (svc_id >= 0) {
+		count_drop(svc_id, reason);
+		return TCX_DROP;
+	}
+	if (p && vip_removed(p->daddr)) {
+		count_drop(0, LB_DROP_REMOVED_VIP);
+		return TCX_DROP;
+	}
+	return TCX_NEXT;
 }
 
 #endif /* L4XDS_LIB_LOOKUP_H */

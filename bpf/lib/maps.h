@@ -101,6 +101,20 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } l4xds_vips SEC(".maps");
 
+/* VIPs removed from l4xds_vips, until when (bpf_ktime_get_ns()) their
+ * packets are still dropped rather than passed to the stack: a client's
+ * retransmissions to a VIP just removed would otherwise be forwarded to
+ * the node's default route, which on an edge node routes the VIP back to
+ * the node, until the TTL runs out. An LRU: more VIPs removed within the
+ * grace period than it holds lose their entries early, oldest first. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_OLD_VIPS_MAX);
+	__type(key, __u32[4]);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} l4xds_old_vips SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, LB_SERVICES_MAX);

@@ -64,6 +64,28 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p,
 	return PARSE_OK;
 }
 
+/* Why an IPv6 packet whose next header after the fixed one (and a
+ * Fragment header) is nexthdr, not TCP or UDP, is not translated. */
+static __always_inline __u8 ipv6_untranslated(__u8 nexthdr)
+{
+	switch (nexthdr) {
+	case IPPROTO_ICMPV6:
+		return LB_DROP_ICMP; /* fragmented */
+	case 0:   /* Hop-by-Hop Options */
+	case 43:  /* Routing */
+	case 44:  /* Fragment (a second one) */
+	case 51:  /* Authentication */
+	case 60:  /* Destination Options */
+	case 135: /* Mobility */
+	case 139: /* Host Identity Protocol */
+	case 140: /* Shim6 */
+	case 253: /* experimental */
+	case 254:
+		return LB_DROP_IPV6_EXTENSION;
+	}
+	return LB_DROP_PROTOCOL;
+}
+
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
 	struct ethhdr *eth;
@@ -84,9 +106,6 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			return PARSE_PASS;
 		if (ip->version != 4 || ip->ihl < 5)
 			return PARSE_PASS;
-		if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP &&
-		    ip->protocol != IPPROTO_ICMP)
-			return PARSE_PASS;
 		ihl = ip->ihl;
 		frag_off = ip->frag_off;
 		p->proto = ip->protocol;
@@ -94,14 +113,23 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		p->saddr[3] = ip->saddr;
 		p->daddr[2] = bpf_htonl(0x0000ffff);
 		p->daddr[3] = ip->daddr;
+		if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP &&
+		    p->proto != IPPROTO_ICMP) {
+			p->untranslated = LB_DROP_PROTOCOL;
+			return PARSE_UNTRANSLATED;
+		}
 		p->l3_len = ihl * 4;
 		p->ttl = ip->ttl;
 		tot = bpf_ntohs(ip->tot_len);
 		if (p->proto == IPPROTO_ICMP) {
-			/* An ICMP error fits one packet; fragments pass. */
-			if (tot < ihl * 4 ||
-			    (frag_off & bpf_htons(IP_MF | IP_OFFSET)))
-				return PARSE_PASS;
+			/* An ICMP error fits one packet: fragments are not
+			 * translated. */
+			if (tot < ihl * 4)
+				return PARSE_MALFORMED;
+			if (frag_off & bpf_htons(IP_MF | IP_OFFSET)) {
+				p->untranslated = LB_DROP_ICMP;
+				return PARSE_UNTRANSLATED;
+			}
 			p->l4_len = tot - ihl * 4;
 			return PARSE_ICMP;
 		}
@@ -139,15 +167,18 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			return PARSE_ICMP;
 		}
 		/* Of the extension headers, only a Fragment header right
-		 * after the fixed one is parsed; the others pass. */
+		 * after the fixed one is parsed; the others are not
+		 * translated. */
 		if (nexthdr == IPV6_NEXTHDR_FRAGMENT) {
 			struct ipv6_frag_hdr *fh;
 
 			fh = skb_header(skb, ETH_HLEN + sizeof(*ip6), sizeof(*fh));
 			if (!fh)
 				return PARSE_PASS;
-			if (fh->nexthdr != IPPROTO_TCP && fh->nexthdr != IPPROTO_UDP)
-				return PARSE_PASS;
+			if (fh->nexthdr != IPPROTO_TCP && fh->nexthdr != IPPROTO_UDP) {
+				p->untranslated = ipv6_untranslated(fh->nexthdr);
+				return PARSE_UNTRANSLATED;
+			}
 			p->proto = fh->nexthdr;
 			p->frag_id = fh->identification;
 			if (p->l4_len < sizeof(*fh))
@@ -163,8 +194,10 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			return parse_l4(skb, p, ETH_HLEN + sizeof(*ip6) +
 						sizeof(*fh));
 		}
-		if (nexthdr != IPPROTO_TCP && nexthdr != IPPROTO_UDP)
-			return PARSE_PASS;
+		if (nexthdr != IPPROTO_TCP && nexthdr != IPPROTO_UDP) {
+			p->untranslated = ipv6_untranslated(nexthdr);
+			return PARSE_UNTRANSLATED;
+		}
 		p->proto = nexthdr;
 		return parse_l4(skb, p, ETH_HLEN + sizeof(*ip6));
 	}

@@ -6,6 +6,10 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
+/* Verdicts of the steps that let the packet go on to the next one. */
+#define VERDICT_CONTINUE -100
+#define VERDICT_REJECT -101
+
 #define IP_DF 0x4000
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
@@ -36,6 +40,10 @@ struct ipv6_frag_hdr {
 #define ICMPV6_PKT_TOOBIG 2
 #define ICMPV6_TIME_EXCEED 3
 #define ICMPV6_PORT_UNREACH 4
+/* Neighbour discovery (RFC 4861): router and neighbour solicitation and
+ * advertisement, redirect. */
+#define ICMPV6_NDISC_FIRST 133
+#define ICMPV6_NDISC_LAST 137
 
 /* An ICMP or ICMPv6 error header: type, code, checksum, 4 unused bytes. */
 struct icmp_err_hdr {
@@ -82,6 +90,7 @@ struct pkt {
 	__u32 l4_hlen;  /* TCP data offset in bytes, 8 for UDP */
 	__be32 seq;
 	__be32 ack_seq;
+	__u8 untranslated; /* PARSE_UNTRANSLATED: the LB_DROP_* reason */
 };
 
 enum parse_result {
@@ -90,6 +99,10 @@ enum parse_result {
 	PARSE_FRAGMENT,  /* a later fragment: no L4 header */
 	PARSE_MALFORMED, /* truncated or inconsistent L4 header */
 	PARSE_ICMP,      /* ICMP or ICMPv6 (proto), not fragmented */
+	/* Addresses parsed, but nothing the program translates (another
+	 * protocol, IPv6 extension headers, ICMP fragments): dropped if to
+	 * a VIP, for the reason in untranslated, else passed. */
+	PARSE_UNTRANSLATED,
 };
 
 static __always_inline int is_v4mapped(const __u32 *a)

@@ -10,6 +10,7 @@ package datapath
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/pflag"
 )
@@ -24,6 +25,10 @@ type Config struct {
 	// keyed by service: Maglev tables, VIPs) and the backend map.
 	LBServiceMapMax uint
 	LBBackendMapMax uint
+	// LBRemovedVIPGrace is how long the packets to a VIP are still dropped
+	// once its last frontend is removed, rather than passed to the stack,
+	// which would route them back out (l4xds_old_vips).
+	LBRemovedVIPGrace time.Duration
 }
 
 // MaxMaglevTableSize bounds --lb-maglev-table-size: every service holds a
@@ -44,6 +49,9 @@ var DefaultConfig = Config{
 	LBMaglevTableSize: 1021,
 	LBServiceMapMax:   1 << 16,
 	LBBackendMapMax:   1 << 20,
+	// Longer than a client's SYN retries (about 2 minutes on Linux) and
+	// than the withdrawal of the VIP's route is expected to take.
+	LBRemovedVIPGrace: 5 * time.Minute,
 }
 
 func (def Config) Flags(flags *pflag.FlagSet) {
@@ -53,6 +61,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint("lb-maglev-table-size", def.LBMaglevTableSize, "Size of each service's Maglev lookup table (a prime); a service's usable backends must fit in it")
 	flags.Uint("lb-service-map-max", def.LBServiceMapMax, "Entries of the service map: the most frontends (VIP, port, protocol) the datapath serves")
 	flags.Uint("lb-backend-map-max", def.LBBackendMapMax, "Entries of the backend map: the most backends the datapath holds, counted per frontend")
+	flags.Duration("lb-removed-vip-grace", def.LBRemovedVIPGrace, "How long packets to a VIP whose last frontend was removed are still dropped (counted as removed vip) rather than passed to the node's stack, which may route them back; 0: not at all")
 }
 
 // Validate reports the first bad setting, naming its flag.
@@ -72,6 +81,9 @@ func (c Config) Validate() error {
 	if c.LBServiceMapMax < 1 || c.LBServiceMapMax > MaxServiceMapMax {
 		return fmt.Errorf("--lb-service-map-max: %d is not in 1..%d", c.LBServiceMapMax, MaxServiceMapMax)
 	}
+	if c.LBRemovedVIPGrace < 0 {
+		return fmt.Errorf("--lb-removed-vip-grace: %s is negative", c.LBRemovedVIPGrace)
+	}
 	if c.LBBackendMapMax < 1 || c.LBBackendMapMax > MaxBackendMapMax {
 		return fmt.Errorf("--lb-backend-map-max: %d is not in 1..%d", c.LBBackendMapMax, MaxBackendMapMax)
 	}
@@ -86,6 +98,8 @@ type capacity struct {
 	// 1..services, backend IDs 1..backends.
 	services, backends uint32
 	maglevSize         uint32
+	// sourceRanges is the size of the source-range map (not a flag).
+	sourceRanges uint32
 }
 
 func (c Config) capacity() capacity {
@@ -93,8 +107,13 @@ func (c Config) capacity() capacity {
 		services:   uint32(min(c.LBServiceMapMax, MaxServiceID)),
 		backends:   uint32(c.LBBackendMapMax),
 		maglevSize: uint32(c.LBMaglevTableSize),
+		// The source-range map is not sized by a flag.
+		sourceRanges: sourceRangeMapMax,
 	}
 }
+
+// sourceRangeMapMax is the size of l4xds_srcrange (LB_SOURCE_RANGES_MAX).
+const sourceRangeMapMax = 65536
 
 func isPrime(n uint) bool {
 	if n < 2 {

@@ -5,6 +5,7 @@ package datapath
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestConfigValidateNamesTheFlag(t *testing.T) {
@@ -26,12 +27,20 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		{withMaps(1<<16, 0), "--lb-backend-map-max: 0 is not in 1..16777216"},
 		{withMaps(1<<16, 1<<24+1), "--lb-backend-map-max: 16777217 is not in 1..16777216"},
 		{withMaps(1<<16, 1<<24), ""},
+		{withGrace(-time.Second), "--lb-removed-vip-grace: -1s is negative"},
+		{withGrace(0), ""},
 	} {
 		err := c.cfg.Validate()
 		if (err == nil) != (c.want == "") || (err != nil && !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%+v: error %v, want %q", c.cfg, err, c.want)
 		}
 	}
+}
+
+func withGrace(d time.Duration) Config {
+	c := DefaultConfig
+	c.LBRemovedVIPGrace = d
+	return c
 }
 
 func withMaglev(datapath string, size uint) Config {
@@ -53,8 +62,8 @@ func TestConfigCapacity(t *testing.T) {
 		cfg  Config
 		want capacity
 	}{
-		{DefaultConfig, capacity{services: 65535, backends: 1 << 20, maglevSize: 1021}},
-		{withMaps(2, 3), capacity{services: 2, backends: 3, maglevSize: 1021}},
+		{DefaultConfig, capacity{services: 65535, backends: 1 << 20, maglevSize: 1021, sourceRanges: 65536}},
+		{withMaps(2, 3), capacity{services: 2, backends: 3, maglevSize: 1021, sourceRanges: 65536}},
 	} {
 		if got := c.cfg.capacity(); got != c.want {
 			t.Errorf("%+v: capacity %+v, want %+v", c.cfg, got, c.want)
@@ -64,7 +73,7 @@ func TestConfigCapacity(t *testing.T) {
 
 func TestConfigDefaultsToTheBPFDatapath(t *testing.T) {
 	if DefaultConfig.Datapath != "bpf" || DefaultConfig.BPFRoot != "/sys/fs/bpf" || DefaultConfig.LBMaglevTableSize != 1021 ||
-		DefaultConfig.LBServiceMapMax != 65536 || DefaultConfig.LBBackendMapMax != 1<<20 {
+		DefaultConfig.LBServiceMapMax != 65536 || DefaultConfig.LBBackendMapMax != 1<<20 || DefaultConfig.LBRemovedVIPGrace != 5*time.Minute {
 		t.Errorf("defaults %+v, want --datapath=bpf --bpf-root=/sys/fs/bpf --lb-maglev-table-size=1021 --lb-service-map-max=65536 --lb-backend-map-max=1048576 (the sizes of the maps before these flags)", DefaultConfig)
 	}
 }

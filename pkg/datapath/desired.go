@@ -97,8 +97,11 @@ func (d *desiredService) set(fe *lb.Frontend) {
 	}
 }
 
-// normalPrefix is p masked, IPv4-mapped IPv6 as IPv4: the form the LPM key
-// reads back as, so that one range has one form.
+// normalPrefix is p masked, IPv4-mapped IPv6 as IPv4 (as Kubernetes takes
+// a range like ::ffff:10.0.0.0/104 to be IPv4): the form the LPM key reads
+// back as, so that one range has one form. Which packets a range admits is
+// the datapath's: IPv4 ranges IPv4 packets only, IPv6 ranges IPv6 packets
+// only (see srcRangeToBPF).
 func normalPrefix(p netip.Prefix) netip.Prefix {
 	if p.Addr().Is4In6() && p.Bits() >= 96 {
 		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)

@@ -149,6 +149,9 @@ func bytesOf[T any](v *T) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(v)), unsafe.Sizeof(*v))
 }
 
+// bytes16 is b followed by zeros, 16 bytes.
+func bytes16(b ...byte) []byte { return append(b, make([]byte, 16-len(b))...) }
+
 func TestEncodingMatchesTheMapContract(t *testing.T) {
 	key, err := svcKeyToBPF(fe("10.1.2.3:3306/TCP"))
 	if err != nil {
@@ -172,17 +175,24 @@ func TestEncodingMatchesTheMapContract(t *testing.T) {
 	for _, c := range []struct {
 		prefix    string
 		prefixlen uint32
+		family    uint32
+		addr      []byte // the key's 16 address bytes
 	}{
-		{"10.1.2.0/24", 32 + 96 + 24},
-		{"0.0.0.0/0", 32 + 96},
-		{"2001:db8::/32", 32 + 32},
-		{"::/0", 32},
-		{"::ffff:10.0.0.0/104", 32 + 96 + 8}, // IPv4-mapped IPv6 reads back as IPv4
+		// The service (32 bits) and the family (32) come before the
+		// address: no prefix of one family covers the other's.
+		{"10.1.2.0/24", 32 + 32 + 24, familyIPv4, bytes16(10, 1, 2, 0)},
+		{"0.0.0.0/0", 32 + 32, familyIPv4, bytes16()},
+		{"2001:db8::/32", 32 + 32 + 32, familyIPv6, bytes16(0x20, 0x01, 0x0d, 0xb8)},
+		{"::/0", 32 + 32, familyIPv6, bytes16()},
+		{"::ffff:10.0.0.0/104", 32 + 32 + 8, familyIPv4, bytes16(10)}, // IPv4-mapped IPv6 is IPv4, as in Kubernetes
 	} {
 		p := netip.MustParsePrefix(c.prefix)
 		k := srcRangeToBPF(7, p)
-		if k.Prefixlen != c.prefixlen || k.SvcId != 7 {
-			t.Errorf("%s: prefixlen %d svc %d, want %d 7", p, k.Prefixlen, k.SvcId, c.prefixlen)
+		if k.Prefixlen != c.prefixlen || k.SvcId != 7 || k.Family != c.family {
+			t.Errorf("%s: prefixlen %d svc %d family %d, want %d 7 %d", p, k.Prefixlen, k.SvcId, k.Family, c.prefixlen, c.family)
+		}
+		if got := bytesOf(&k)[12:]; string(got) != string(c.addr) {
+			t.Errorf("%s: address bytes % x, want % x", p, got, c.addr)
 		}
 		back, err := srcRangeFromBPF(k)
 		want := p

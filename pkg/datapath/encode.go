@@ -26,6 +26,10 @@ const (
 	svcFlagSourceRanges = 1 << 0
 	svcFlagAffinity     = 1 << 1
 
+	// backendFlagStandby: active, but not in the Maglev table (a priority
+	// behind the best, or weight 0); affinity sends no new flow to it.
+	backendFlagStandby = 1 << 0
+
 	// srcRangeSvcBits is the svc_id part of an LPM key's prefix length.
 	srcRangeSvcBits = 32
 )
@@ -111,24 +115,51 @@ func backendAddrFromBPF(v bpf.L4xdsLbBackend) netip.AddrPort {
 	return netip.AddrPortFrom(addrFromBPF(v.Addr), portFromBPF(v.Port))
 }
 
-// srcRangeToBPF is the LPM key of a prefix of a service: an IPv4 prefix
-// matches the IPv4-mapped addresses, so its length counts 96 more bits.
+// The families of a source range's LPM key (LB_FAMILY_*), matched in full
+// ahead of the address: no prefix of one family covers the other's
+// addresses.
+const (
+	familyIPv4 = 4
+	familyIPv6 = 6
+	// srcRangeFamilyBits is the family part of an LPM key's prefix length.
+	srcRangeFamilyBits = 32
+)
+
+// srcRangeToBPF is the LPM key of a prefix of a service (normalPrefix'd):
+// an IPv4 prefix has its address in the key's first 4 bytes, and admits
+// IPv4 packets only; an IPv6 prefix, ::/0 included, IPv6 packets only.
 func srcRangeToBPF(svcID uint32, p netip.Prefix) bpf.L4xdsLbSrcRangeKey {
-	bits := p.Bits()
-	if p.Addr().Is4() {
-		bits += 96
-	}
-	return bpf.L4xdsLbSrcRangeKey{
-		Prefixlen: uint32(srcRangeSvcBits + bits),
+	p = normalPrefix(p)
+	k := bpf.L4xdsLbSrcRangeKey{
+		Prefixlen: uint32(srcRangeSvcBits + srcRangeFamilyBits + p.Bits()),
 		SvcId:     svcID,
-		Addr:      addrToBPF(p.Masked().Addr()),
+		Family:    familyIPv6,
 	}
+	if p.Addr().Is4() {
+		k.Family = familyIPv4
+		b := p.Addr().As4()
+		k.Addr[0] = binary.NativeEndian.Uint32(b[:])
+		return k
+	}
+	k.Addr = addrToBPF(p.Addr())
+	return k
 }
 
 func srcRangeFromBPF(k bpf.L4xdsLbSrcRangeKey) (netip.Prefix, error) {
-	p, err := addr16FromBPF(k.Addr).Prefix(int(k.Prefixlen) - srcRangeSvcBits)
+	var a netip.Addr
+	switch k.Family {
+	case familyIPv4:
+		var b [4]byte
+		binary.NativeEndian.PutUint32(b[:], k.Addr[0])
+		a = netip.AddrFrom4(b)
+	case familyIPv6:
+		a = addr16FromBPF(k.Addr)
+	default:
+		return netip.Prefix{}, fmt.Errorf("source range of service %d: family %d is not IPv4 (%d) or IPv6 (%d)", k.SvcId, k.Family, familyIPv4, familyIPv6)
+	}
+	p, err := a.Prefix(int(k.Prefixlen) - srcRangeSvcBits - srcRangeFamilyBits)
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("source range of service %d: %w", k.SvcId, err)
 	}
-	return normalPrefix(p), nil
+	return p, nil
 }

@@ -86,11 +86,24 @@ type service struct {
 	ranges map[netip.Prefix]struct{}
 }
 
-func (svc *service) addRange(p netip.Prefix) {
+// addRange records a source range of the service as written.
+func (r *registry) addRange(svc *service, p netip.Prefix) {
+	if _, ok := svc.ranges[p]; ok {
+		return
+	}
 	if svc.ranges == nil {
 		svc.ranges = map[netip.Prefix]struct{}{}
 	}
 	svc.ranges[p] = struct{}{}
+	r.ranges++
+}
+
+// removeRange records a source range of the service as deleted.
+func (r *registry) removeRange(svc *service, p netip.Prefix) {
+	if _, ok := svc.ranges[p]; ok {
+		delete(svc.ranges, p)
+		r.ranges--
+	}
 }
 
 type tableState uint8
@@ -106,8 +119,10 @@ const (
 // backend is an l4xds_backends entry; the rest of its value follows from
 // its service and address.
 type backend struct {
-	id      uint32
-	state   lb.BackendState
+	id    uint32
+	state lb.BackendState
+	// standby is LB_BACKEND_F_STANDBY as written.
+	standby bool
 	written bool
 	// weight is its weight in the Maglev table as written, 0 if it is not
 	// in it.
@@ -123,6 +138,8 @@ type registry struct {
 	byID       map[uint32]*service
 	// vips counts the services of each VIP (l4xds_vips).
 	vips map[netip.Addr]uint32
+	// ranges counts the l4xds_srcrange entries of all services.
+	ranges int
 }
 
 func newRegistry(c capacity) *registry {
@@ -172,6 +189,7 @@ func (r *registry) remove(svc *service) {
 	for _, be := range svc.backends {
 		r.backendIDs.release(be.id)
 	}
+	r.ranges -= len(svc.ranges)
 	delete(r.services, svc.frontend)
 	delete(r.byID, svc.id)
 	r.serviceIDs.release(svc.id)
@@ -234,7 +252,7 @@ func (r *registry) restoreBackend(id uint32, v bpf.L4xdsLbBackend) error {
 	if err := r.backendIDs.reserve(id); err != nil {
 		return fmt.Errorf("backend %s: %w", addr, err)
 	}
-	svc.backends[addr] = backend{id: id, state: lb.BackendState(v.State), written: true}
+	svc.backends[addr] = backend{id: id, state: lb.BackendState(v.State), standby: v.Flags&backendFlagStandby != 0, written: true}
 	return nil
 }
 
@@ -247,6 +265,6 @@ func (r *registry) restoreSourceRange(k bpf.L4xdsLbSrcRangeKey) error {
 	if !ok {
 		return fmt.Errorf("source range %s: service %d does not exist", p, k.SvcId)
 	}
-	svc.addRange(p)
+	r.addRange(svc, p)
 	return nil
 }

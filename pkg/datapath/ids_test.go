@@ -137,7 +137,7 @@ func TestRegistryRestoresTheSameIDs(t *testing.T) {
 			}
 			beIDs[f][a] = be.id
 		}
-		svc.addRange(netip.MustParsePrefix("10.0.0.0/8"))
+		r.addRange(svc, netip.MustParsePrefix("10.0.0.0/8"))
 	}
 	// The same address is the same service and backend.
 	if svc, isNew, _ := r.service(frontends[0]); isNew || svc.id != svcIDs[frontends[0]] {

@@ -115,6 +115,7 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	if d.Maps, err = newMaps(&d.objs.L4xdsMaps, inner.Copy()); err != nil {
 		return nil, err
 	}
+	d.Maps.removedVIPGrace = cfg.LBRemovedVIPGrace
 	devices, err := resolveDevices(cfg.Devices)
 	if err != nil {
 		return nil, fmt.Errorf("--devices: detect: %w", err)
@@ -229,9 +230,10 @@ func keepPinnedSizes(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) er
 // the pinned maps that kept theirs.
 func (d *Datapath) capacity(maglevSize uint32) capacity {
 	return capacity{
-		services:   min(d.Maps.services.MaxEntries(), MaxServiceID),
-		backends:   d.Maps.backends.MaxEntries(),
-		maglevSize: maglevSize,
+		services:     min(d.Maps.services.MaxEntries(), MaxServiceID),
+		backends:     d.Maps.backends.MaxEntries(),
+		maglevSize:   maglevSize,
+		sourceRanges: d.Maps.srcRange.MaxEntries(),
 	}
 }
 

@@ -35,7 +35,12 @@ type Maps struct {
 	maglev   *ebpf.Map
 	srcRange *ebpf.Map
 	vips     *ebpf.Map
+	oldVIPs  *ebpf.Map // nil when opened read-only
 	stats    *ebpf.Map
+
+	// removedVIPGrace is how long a removed VIP stays in l4xds_old_vips
+	// (--lb-removed-vip-grace).
+	removedVIPGrace time.Duration
 
 	// maglevInner makes the per-service tables (nil when opened read-only).
 	maglevInner *ebpf.MapSpec
@@ -69,6 +74,7 @@ func newMaps(objs *bpf.L4xdsMaps, maglevInner *ebpf.MapSpec) (*Maps, error) {
 		maglev:      objs.L4xdsMaglev,
 		srcRange:    objs.L4xdsSrcrange,
 		vips:        objs.L4xdsVips,
+		oldVIPs:     objs.L4xdsOldVips,
 		stats:       objs.L4xdsStats,
 		maglevInner: maglevInner,
 		possibleCPU: cpus,
@@ -117,7 +123,7 @@ func (m *Maps) Close() error {
 		m.tables.stop()
 	}
 	return errors.Join(m.services.Close(), m.backends.Close(), m.maglev.Close(),
-		m.srcRange.Close(), m.vips.Close(), m.stats.Close())
+		m.srcRange.Close(), m.vips.Close(), m.oldVIPs.Close(), m.stats.Close())
 }
 
 //
@@ -171,13 +177,18 @@ const (
 	DropFragment
 	DropMalformed
 	DropBackendFamily
+	DropProtocol
+	DropICMP
+	DropIPv6Extension
+	DropRemovedVIP
 	NumDropReasons
 )
 
 // The programs count as many drop reasons as named here.
 var _ [NumDropReasons]uint64 = bpf.L4xdsLbStats{}.Drops
 
-var dropReasonNames = [NumDropReasons]string{"no backend", "source range", "unknown port", "fragment", "malformed", "backend family"}
+var dropReasonNames = [NumDropReasons]string{"no backend", "source range", "unknown port", "fragment", "malformed", "backend family",
+	"protocol", "icmp", "ipv6 extension", "removed vip"}
 
 func (r DropReason) String() string {
 	if r >= 0 && r < NumDropReasons {
@@ -807,10 +818,21 @@ func (m *Maps) deleteSourceRange(svcID uint32, p netip.Prefix) error {
 	return nil
 }
 
-// setVIP writes the number of services of a VIP; 0 deletes its entry.
+// setVIP writes the number of services of a VIP; 0 deletes its entry,
+// and keeps the VIP in l4xds_old_vips for the grace period first, so that
+// its packets are dropped throughout rather than passed to the stack.
 func (m *Maps) setVIP(vip netip.Addr, n uint32) error {
 	key := addrToBPF(vip)
 	if n == 0 {
+		if m.removedVIPGrace > 0 && m.oldVIPs != nil {
+			now, err := Ktime()
+			if err != nil {
+				return fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsOldVips, vip, err)
+			}
+			if err := m.oldVIPs.Put(&key, uint64(now+m.removedVIPGrace)); err != nil {
+				return fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsOldVips, vip, err)
+			}
+		}
 		if err := m.vips.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete from %s: %s: %w", bpf.L4xdsMapL4xdsVips, vip, err)
 		}
@@ -818,6 +840,13 @@ func (m *Maps) setVIP(vip netip.Addr, n uint32) error {
 	}
 	if err := m.vips.Put(&key, n); err != nil {
 		return fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vip, err)
+	}
+	// A VIP again: the program reads l4xds_vips first, the entry is only
+	// left over.
+	if m.oldVIPs != nil {
+		if err := m.oldVIPs.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from %s: %s: %w", bpf.L4xdsMapL4xdsOldVips, vip, err)
+		}
 	}
 	return nil
 }

@@ -179,14 +179,22 @@ l4xds_datapath_service_bytes_total{frontend="10.1.2.3:3306/TCP",service="db"} ` 
 # TYPE l4xds_datapath_service_drops_total counter
 l4xds_datapath_service_drops_total{frontend="",reason="backend_family",service=""} 0
 l4xds_datapath_service_drops_total{frontend="",reason="fragment",service=""} 0
+l4xds_datapath_service_drops_total{frontend="",reason="icmp",service=""} 0
+l4xds_datapath_service_drops_total{frontend="",reason="ipv6_extension",service=""} 0
 l4xds_datapath_service_drops_total{frontend="",reason="malformed",service=""} 0
 l4xds_datapath_service_drops_total{frontend="",reason="no_backend",service=""} 0
+l4xds_datapath_service_drops_total{frontend="",reason="protocol",service=""} 0
+l4xds_datapath_service_drops_total{frontend="",reason="removed_vip",service=""} 0
 l4xds_datapath_service_drops_total{frontend="",reason="source_range",service=""} 0
 l4xds_datapath_service_drops_total{frontend="",reason="unknown_port",service=""} 1
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="backend_family",service="db"} 0
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="fragment",service="db"} 0
+l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="icmp",service="db"} 0
+l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="ipv6_extension",service="db"} 0
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="malformed",service="db"} 0
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="no_backend",service="db"} ` + n(2) + `
+l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="protocol",service="db"} 0
+l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="removed_vip",service="db"} 0
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="source_range",service="db"} 0
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="unknown_port",service="db"} 0
 # HELP l4xds_datapath_service_packets_total Packets forwarded to a backend, per frontend

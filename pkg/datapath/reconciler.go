@@ -45,6 +45,10 @@ type ops struct {
 	beValues []bpf.L4xdsLbBackend
 	beAddrs  []netip.AddrPort
 
+	// rangesReserved are the source-range map entries that the round's
+	// prepared frontends will add once finished (see fits).
+	rangesReserved int
+
 	waitLogged bool
 }
 
@@ -146,6 +150,7 @@ func (o *ops) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revis
 // entry and the removals.
 func (o *ops) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*lb.Frontend]) {
 	steps := o.steps[:0]
+	o.rangesReserved = 0
 	for i := range batch {
 		e := &batch[i]
 		ok, err := o.ready(ctx, txn, e.Object, e.Revision, false)
@@ -218,7 +223,7 @@ func (o *ops) prepare(st *step) (err error) {
 	d := &o.desired
 	d.set(fe)
 	o.maglev.reset()
-	if err := o.fits(fe.Address, d); err != nil {
+	if err := o.fits(fe, d); err != nil {
 		return err
 	}
 	svc, isNew, err := o.reg.service(fe.Address)
@@ -256,11 +261,16 @@ func (o *ops) prepare(st *step) (err error) {
 		if err != nil {
 			return err
 		}
-		if force || !be.written || be.state != want.state {
+		standby := want.state == lb.BackendStateActive && !want.usable
+		if force || !be.written || be.state != want.state || be.standby != standby {
+			v := backendToBPF(svc.id, want.addr, want.state)
+			if standby {
+				v.Flags |= backendFlagStandby
+			}
 			ids = append(ids, be.id)
-			values = append(values, backendToBPF(svc.id, want.addr, want.state))
+			values = append(values, v)
 			addrs = append(addrs, want.addr)
-			be.state, be.written = want.state, true
+			be.state, be.standby, be.written = want.state, standby, true
 		}
 		var weight uint16
 		if want.usable {
@@ -338,13 +348,16 @@ func (o *ops) prepare(st *step) (err error) {
 // as it was, and the reconciler retries the frontend once room is made.
 // Backends a change drops are freed after its new ones are written, so a
 // change needs room for the new ones first.
-func (o *ops) fits(addr lb.L3n4Addr, d *desiredService) error {
-	svc := o.reg.services[addr]
+func (o *ops) fits(fe *lb.Frontend, d *desiredService) error {
+	svc := o.reg.services[fe.Address]
 	if svc == nil && o.reg.serviceIDs.free() == 0 {
 		return fmt.Errorf("the service map is full: it holds %d frontends; --lb-service-map-max raises the limit", o.capacity.services)
 	}
 	if d.tableEntries() > int(o.capacity.maglevSize) {
 		return fmt.Errorf("%d usable backends do not fit a Maglev table of %d slots; --lb-maglev-table-size raises it (a prime)", d.usable, o.capacity.maglevSize)
+	}
+	if err := o.rangesFit(fe, svc, d); err != nil {
+		return err
 	}
 	free := o.reg.backendIDs.free()
 	if len(d.backends) <= free {
@@ -367,16 +380,79 @@ func (o *ops) fits(addr lb.L3n4Addr, d *desiredService) error {
 	return nil
 }
 
+// rangesFit reports whether the frontend's new source ranges fit the
+// source-range map, with those of the round's frontends prepared before
+// it, and reserves their room. A service's ranges no longer listed are
+// deleted before its new ones are written (finish): they make room.
+func (o *ops) rangesFit(fe *lb.Frontend, svc *service, d *desiredService) error {
+	added, removed := 0, 0
+	for _, p := range d.ranges {
+		if svc == nil {
+			added = len(d.ranges)
+			break
+		}
+		if _, ok := svc.ranges[p]; !ok {
+			added++
+		}
+	}
+	if svc != nil && len(d.ranges) > 0 {
+		for p := range svc.ranges {
+			if !slices.Contains(d.ranges, p) {
+				removed++
+			}
+		}
+	}
+	free := int(o.capacity.sourceRanges) - o.reg.ranges - o.rangesReserved
+	if added-removed > free {
+		name := ""
+		if fe.Service != nil {
+			name = string(fe.Service.Name)
+		}
+		return fmt.Errorf("service %q: source_ranges: %d new ranges do not fit the source-range map: %d of its %d entries are free",
+			name, added, max(free, 0), o.capacity.sourceRanges)
+	}
+	o.rangesReserved += max(added-removed, 0)
+	return nil
+}
+
 // finish writes the rest once the table is in: the source ranges, the
-// service entry that enables them, then what is no longer listed.
+// service entry that enables them, then what is no longer listed. A
+// service with source ranges fails closed: if its ranges cannot all be
+// written (or a range no longer listed deleted), its entry is removed, so
+// that no client is served, rather than left admitting clients the ranges
+// do not (yet, or no longer) name; the retry writes the ranges, then the
+// entry.
 func (o *ops) finish(st *step) error {
 	svc, force := st.svc, st.force
-	for _, p := range st.ranges {
-		if _, ok := svc.ranges[p]; force || !ok {
-			if err := o.maps.putSourceRange(svc.id, p); err != nil {
-				return err
+
+	// The VIP's count changes only with a new service (or a delete).
+	// Written first: until the service's entry is, packets to the VIP are
+	// dropped, not passed to the stack.
+	if st.isNew || force {
+		if err := o.maps.setVIP(svc.frontend.Addr, o.reg.vips[svc.frontend.Addr]); err != nil {
+			return err
+		}
+	}
+
+	ranged := st.flags&svcFlagSourceRanges != 0
+	if ranged {
+		// The ranges no longer listed first: they admit no one from now
+		// on, and make room for the new ones.
+		for p := range svc.ranges {
+			if !slices.Contains(st.ranges, p) {
+				if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
+					return o.closeService(svc, err)
+				}
+				o.reg.removeRange(svc, p)
 			}
-			svc.addRange(p)
+		}
+		for _, p := range st.ranges {
+			if _, ok := svc.ranges[p]; force || !ok {
+				if err := o.maps.putSourceRange(svc.id, p); err != nil {
+					return o.closeService(svc, err)
+				}
+				o.reg.addRange(svc, p)
+			}
 		}
 	}
 
@@ -397,19 +473,14 @@ func (o *ops) finish(st *step) error {
 		svc.table, svc.tableCount, svc.reject = tableNone, 0, 0
 	}
 
-	for p := range svc.ranges {
-		if !slices.Contains(st.ranges, p) {
+	// Without source ranges the entry admits every client: the ranges
+	// left are no longer read.
+	if !ranged {
+		for p := range svc.ranges {
 			if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
 				return err
 			}
-			delete(svc.ranges, p)
-		}
-	}
-
-	// The VIP's count changes only with a new service (or a delete).
-	if st.isNew || force {
-		if err := o.maps.setVIP(svc.frontend.Addr, o.reg.vips[svc.frontend.Addr]); err != nil {
-			return err
+			o.reg.removeRange(svc, p)
 		}
 	}
 
@@ -423,6 +494,19 @@ func (o *ops) finish(st *step) error {
 		}
 	}
 	return nil
+}
+
+// closeService removes the entry of a service whose source ranges could
+// not be written, with err, the reason.
+func (o *ops) closeService(svc *service, err error) error {
+	if !svc.written {
+		return err
+	}
+	if derr := o.maps.deleteService(svc.key, svc.id); derr != nil {
+		return fmt.Errorf("%w; and the service could not be closed: %w", err, derr)
+	}
+	svc.written = false
+	return fmt.Errorf("%w; the service is closed until its source ranges are written", err)
 }
 
 func (o *ops) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, fe *lb.Frontend) error {
@@ -477,7 +561,7 @@ func (o *ops) delete(svc *service) error {
 		if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
 			return err
 		}
-		delete(svc.ranges, p)
+		o.reg.removeRange(svc, p)
 	}
 	vip := svc.frontend.Addr
 	if err := o.maps.setVIP(vip, o.reg.vips[vip]-1); err != nil {

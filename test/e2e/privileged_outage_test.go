@@ -143,11 +143,11 @@ func TestPrivilegedLongControlPlaneOutageAcrossAgentRestarts(t *testing.T) {
 			t.Errorf("%s added during the outage: want all 100 flows answered by its %d backends; got %s", fe, len(newResolver.endpoints), r)
 		}
 	}
-	// A VIP no longer in l4xds_vips is not the datapath's: its packets go
-	// to the LB's stack, which has no route for it and answers, at the
-	// rate ICMP errors are limited to, "network unreachable". The
-	// datapath's own answers for a VIP it still knows (RST, ICMP port
-	// unreachable) must not appear.
+	// A VIP no longer in l4xds_vips is dropped for --lb-removed-vip-grace
+	// (its flows time out); after that its packets go to the LB's stack,
+	// which has no route for it and answers, at the rate ICMP errors are
+	// limited to, "network unreachable". The datapath's own answers for a
+	// VIP it still knows (RST, ICMP port unreachable) must not appear.
 	for _, fe := range oldResolver.frontends {
 		never := e.probe(t, unknown[fe.proto], 10, "--timeout", "500ms")
 		r := e.probe(t, fe, 10, "--timeout", "500ms")

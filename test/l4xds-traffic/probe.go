@@ -52,6 +52,7 @@ func probeCommand() *cobra.Command {
 	var (
 		to, proto         string
 		flows, conc, size int
+		sourcePort        int
 		timeout           time.Duration
 		configured        []string
 		output            = outputText
@@ -68,6 +69,9 @@ address, which answers with as many bytes) and TCP sends an N-byte line
 after the name (which serve echoes after "NAME "); every byte of the answer
 is checked, and a flow whose answer is cut short or differs fails as
 "short answer" or "garbled answer".
+With --source-port P, flow i is sent from port P+i: the flows are N distinct
+5-tuples for certain (kernel-chosen ports may repeat once a flow's socket is
+closed), for tests that count the datapath's state per flow.
 With --backend NAME=WEIGHT[:STATE] for each configured backend, the text
 report shows every backend's expected share of new flows beside the measured
 one (only active backends expect new flows).
@@ -86,11 +90,14 @@ Exits 1 when a flow failed (after printing the report).`,
 			if size < 0 || size > maxLine {
 				return fmt.Errorf("--size %d: want 0 (small default) to %d bytes", size, maxLine)
 			}
+			if err := checkSourcePorts(sourcePort, flows); err != nil {
+				return err
+			}
 			backends, err := parseBackends(configured)
 			if err != nil {
 				return err
 			}
-			r := probe(to, proto, flows, conc, size, timeout)
+			r := probe(to, proto, flows, conc, size, timeout, sourcePort)
 			report(output, r, func(w io.Writer) { r.print(w, backends) })
 			if r.Answered < r.Flows {
 				return errTrafficFailed{}
@@ -105,21 +112,35 @@ Exits 1 when a flow failed (after printing the report).`,
 	f.IntVar(&conc, "concurrency", 16, "Flows in flight at once")
 	f.IntVar(&size, "size", 0, "Request size in bytes, answered in full and checked (0: a small request, the name as answer)")
 	f.DurationVar(&timeout, "timeout", time.Second, "Time a flow may take")
+	f.IntVar(&sourcePort, "source-port", 0, "Send flow i from port P+i (0: ports the kernel picks, which may repeat)")
 	f.VarP(&output, "output", "o", "text or json")
 	f.StringArrayVar(&configured, "backend", nil, "A configured backend, NAME=WEIGHT[:STATE] (repeatable; STATE default active)")
 	return cmd
 }
 
-func probe(to, proto string, flows, conc, size int, timeout time.Duration) *Report {
+// checkSourcePorts checks that --source-port leaves room for the flows.
+func checkSourcePorts(first, flows int) error {
+	if first != 0 && (first < 1 || first+flows-1 > 65535) {
+		return fmt.Errorf("--source-port %d: the %d flows need ports %d to %d, want 1 to 65535", first, flows, first, first+flows-1)
+	}
+	return nil
+}
+
+// probe opens the flows; with sourcePort, flow i from port sourcePort+i.
+func probe(to, proto string, flows, conc, size int, timeout time.Duration, sourcePort int) *Report {
 	r := &Report{To: to, Proto: proto, Flows: flows, Size: size,
 		Backends: map[string]int{}, Errors: map[string]int{}, Examples: map[string]string{}}
 	var mu sync.Mutex
-	work := make(chan struct{})
+	work := make(chan int)
 	var wg sync.WaitGroup
 	for range min(conc, flows) {
 		wg.Go(func() {
-			for range work {
-				name, err := flow(to, proto, size, timeout)
+			for i := range work {
+				port := 0
+				if sourcePort != 0 {
+					port = sourcePort + i
+				}
+				name, err := flow(to, proto, size, timeout, port)
 				mu.Lock()
 				if err != nil {
 					kind := errorKind(proto, err)
@@ -135,17 +156,26 @@ func probe(to, proto string, flows, conc, size int, timeout time.Duration) *Repo
 			}
 		})
 	}
-	for range flows {
-		work <- struct{}{}
+	for i := range flows {
+		work <- i
 	}
 	close(work)
 	wg.Wait()
 	return r
 }
 
-// flow opens one new flow and returns the name of the backend that answered.
-func flow(to, proto string, size int, timeout time.Duration) (string, error) {
-	c, err := net.DialTimeout(proto, to, timeout)
+// flow opens one new flow, from port sport if not 0, and returns the name
+// of the backend that answered.
+func flow(to, proto string, size int, timeout time.Duration, sport int) (string, error) {
+	d := net.Dialer{Timeout: timeout}
+	if sport != 0 {
+		if proto == "tcp" {
+			d.LocalAddr = &net.TCPAddr{Port: sport}
+		} else {
+			d.LocalAddr = &net.UDPAddr{Port: sport}
+		}
+	}
+	c, err := d.Dial(proto, to)
 	if err != nil {
 		return "", err
 	}

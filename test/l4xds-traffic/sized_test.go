@@ -50,7 +50,7 @@ func TestSizedProbeChecksTheWholeAnswer(t *testing.T) {
 		{"tcp other bytes: garbled", badEcho, "tcp", 64 << 10, map[string]int{}, map[string]int{kindGarbled: 10}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := probe(tc.to, tc.proto, 10, 4, tc.size, 2*time.Second)
+			r := probe(tc.to, tc.proto, 10, 4, tc.size, 2*time.Second, 0)
 			if !maps.Equal(r.Backends, tc.answered) || !maps.Equal(r.Errors, tc.failed) {
 				var out bytes.Buffer
 				r.print(&out, nil)

@@ -4,10 +4,12 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"maps"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,7 +35,7 @@ func TestProbeCountsAnswersAndClassifiesFailures(t *testing.T) {
 		{"udp ICMP unreachable", closedUDP, "udp", map[string]int{}, map[string]int{kindUnreachable: 20}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := probe(tc.to, tc.proto, 20, 4, 0, 2*time.Second)
+			r := probe(tc.to, tc.proto, 20, 4, 0, 2*time.Second, 0)
 			if !maps.Equal(r.Backends, tc.answered) || !maps.Equal(r.Errors, tc.failed) {
 				var out bytes.Buffer
 				r.print(&out, nil)
@@ -108,4 +110,81 @@ func TestOutputFormatIsCheckedWhenParsed(t *testing.T) {
 			t.Errorf("%s -o yaml: %v, want the flag's error", cmd.Name(), err)
 		}
 	}
+}
+
+// With --source-port, each flow has a port of its own: the kernel's choice
+// may give a closed flow's port to a later one, and two flows then share
+// one 5-tuple (and one conntrack entry of the load balancer).
+func TestProbeSourcePortGivesEachFlowItsOwnPort(t *testing.T) {
+	const flows = 50
+	c := listenUDP(t)
+	var (
+		mu    sync.Mutex
+		ports = map[int]int{}
+	)
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			_, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			ports[from.(*net.UDPAddr).Port]++
+			mu.Unlock()
+			c.WriteTo([]byte("b0"), from)
+		}
+	}()
+	first := freeUDPPorts(t, flows)
+	r := probe(c.LocalAddr().String(), "udp", flows, 16, 0, 2*time.Second, first)
+	if r.Answered != flows {
+		var out bytes.Buffer
+		r.print(&out, nil)
+		t.Fatalf("got %s", out.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range flows {
+		if ports[first+i] != 1 {
+			t.Errorf("port %d sent %d datagrams, want 1 (all: %v)", first+i, ports[first+i], ports)
+		}
+	}
+	if len(ports) != flows {
+		t.Errorf("%d source ports for %d flows from %d: %v", len(ports), flows, first, ports)
+	}
+
+	if err := checkSourcePorts(65500, flows); err == nil || !strings.Contains(err.Error(), "--source-port 65500: the 50 flows need ports 65500 to 65549") {
+		t.Errorf("--source-port beyond 65535: %v", err)
+	}
+}
+
+// freeUDPPorts returns the first of n consecutive UDP ports that are free
+// now, on every address (as the probe binds them).
+func freeUDPPorts(t *testing.T, n int) int {
+	t.Helper()
+	for range 20 {
+		c, err := net.ListenPacket("udp", ":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := c.LocalAddr().(*net.UDPAddr).Port
+		c.Close()
+		if first+n-1 > 65535 {
+			continue
+		}
+		free := true
+		for p := first; p < first+n && free; p++ {
+			c, err := net.ListenPacket("udp", fmt.Sprintf(":%d", p))
+			if err != nil {
+				free = false
+				continue
+			}
+			c.Close()
+		}
+		if free {
+			return first
+		}
+	}
+	t.Fatalf("no %d consecutive free UDP ports found", n)
+	return 0
 }

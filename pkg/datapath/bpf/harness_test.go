@@ -28,12 +28,17 @@ const (
 	dropFragment
 	dropMalformed
 	dropBackendFamily
+	dropProtocol
+	dropICMP
+	dropExtension
+	dropRemovedVIP
 )
 
 // Backend states (LB_BACKEND_*) and service flags (LB_SVC_F_*).
 const (
 	backendActive      = 0
 	backendTerminating = 1
+	backendFStandby    = 1 << 0
 
 	svcSourceRanges = 1 << 0
 	svcAffinity     = 1 << 1
@@ -129,6 +134,7 @@ type backend struct {
 	id    uint32
 	addr  netip.AddrPort
 	state uint8
+	flags uint8 // LB_BACKEND_F_*
 }
 
 // service is one frontend with its backends. The Maglev table is filled
@@ -173,9 +179,39 @@ func (d *datapath) addService(s service) {
 	d.must(d.objs.L4xdsVips.Put(&vip, &n), "vip %s", s.vip.Addr())
 }
 
+// removeService deletes the service and its backends, and its VIP with
+// its last service, as the agent does: the VIP is then a removed one,
+// dropped until the monotonic time until (ns).
+func (d *datapath) removeService(s service, until uint64) {
+	d.t.Helper()
+	key := L4xdsLbSvcKey{Addr: addr(s.vip.Addr()), Port: port(s.vip.Port()), Proto: s.proto}
+	d.must(d.objs.L4xdsServices.Delete(&key), "delete service %s", s.vip)
+	for _, b := range s.backends {
+		d.deleteBackend(b.id)
+	}
+	_ = d.objs.L4xdsMaglev.Delete(s.id)
+	var n uint32
+	vip := addr(s.vip.Addr())
+	d.must(d.objs.L4xdsVips.Lookup(&vip, &n), "vip %s", s.vip.Addr())
+	if n--; n > 0 {
+		d.must(d.objs.L4xdsVips.Put(&vip, &n), "vip %s", s.vip.Addr())
+		return
+	}
+	d.setRemovedVIP(s.vip.Addr(), until)
+	d.must(d.objs.L4xdsVips.Delete(&vip), "delete vip %s", s.vip.Addr())
+}
+
+// setRemovedVIP marks a VIP removed, dropped until the monotonic time
+// until (ns).
+func (d *datapath) setRemovedVIP(a netip.Addr, until uint64) {
+	d.t.Helper()
+	vip := addr(a)
+	d.must(d.objs.L4xdsOldVips.Put(&vip, until), "removed vip %s", a)
+}
+
 func (d *datapath) putBackend(svcID uint32, b backend) {
 	d.t.Helper()
-	val := L4xdsLbBackend{Addr: addr(b.addr.Addr()), Port: port(b.addr.Port()), State: b.state, SvcId: svcID}
+	val := L4xdsLbBackend{Addr: addr(b.addr.Addr()), Port: port(b.addr.Port()), State: b.state, Flags: b.flags, SvcId: svcID}
 	d.must(d.objs.L4xdsBackends.Put(b.id, &val), "backend %d", b.id)
 }
 
@@ -202,12 +238,27 @@ func (d *datapath) setMaglev(svcID uint32, table []uint32) {
 // allowSource adds a source range of the service.
 func (d *datapath) allowSource(svcID uint32, p netip.Prefix) {
 	d.t.Helper()
-	bits := p.Bits()
-	if p.Addr().Is4() {
-		bits += 96
-	}
-	key := L4xdsLbSrcRangeKey{Prefixlen: 32 + uint32(bits), SvcId: svcID, Addr: addr(p.Masked().Addr())}
+	key := srcRangeKey(svcID, p)
 	d.must(d.objs.L4xdsSrcrange.Put(&key, uint8(1)), "source range %s", p)
+}
+
+// denySource removes a source range of the service.
+func (d *datapath) denySource(svcID uint32, p netip.Prefix) {
+	d.t.Helper()
+	key := srcRangeKey(svcID, p)
+	d.must(d.objs.L4xdsSrcrange.Delete(&key), "delete source range %s", p)
+}
+
+// srcRangeKey is the LPM key of a source range: the service, the family,
+// then the address (IPv4 in the first 4 bytes).
+func srcRangeKey(svcID uint32, p netip.Prefix) L4xdsLbSrcRangeKey {
+	p = p.Masked()
+	key := L4xdsLbSrcRangeKey{Prefixlen: 32 + 32 + uint32(p.Bits()), SvcId: svcID, Family: 6, Addr: addr(p.Addr())}
+	if p.Addr().Is4() {
+		key.Family = 4
+		key.Addr = [4]uint32{key.Addr[3]}
+	}
+	return key
 }
 
 // run runs the program once on frame.

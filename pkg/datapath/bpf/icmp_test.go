@@ -130,6 +130,8 @@ func TestICMPErrors(t *testing.T) {
 			},
 		},
 		{
+			// Unless to a VIP: untranslated, they are dropped (see
+			// TestUntranslatedTrafficToAVIPIsDropped).
 			name:     "unrelated ICMP messages pass untouched",
 			services: []service{udp4Svc, udp6Svc},
 			steps: []step{
@@ -137,7 +139,7 @@ func TestICMPErrors(t *testing.T) {
 				forward("datagram v6", query6, be6a.addr),
 				pass("frag needed about another flow",
 					icmpError(b4, c4, icmpDestUnreach, icmpFragNeeded, 1400, query4.sport(40001).to(be4a.addr).frame(), quote4)),
-				pass("port unreachable about another flow",
+				drop("port unreachable to the VIP about another flow",
 					icmpError(c4, v4, icmpDestUnreach, icmpPortUnreach, 0, udp(vip4, netip.AddrPortFrom(c4, 40001), "answer").frame(), 0)),
 				pass("packet too big about another flow",
 					icmpError(b6, c6, icmp6PacketTooBig, 0, 1280, query6.sport(40001).to(be6a.addr).frame(), quote6)),
@@ -145,8 +147,8 @@ func TestICMPErrors(t *testing.T) {
 					icmpError(b4, other4.Addr(), icmpDestUnreach, icmpFragNeeded, 1400, query4.to(be4a.addr).frame(), quote4)),
 				pass("a redirect is not an error",
 					icmpError(b4, c4, icmpRedirect, 1, 0, query4.to(be4a.addr).frame(), quote4)),
-				pass("echo request to the VIP", icmpError(c4, v4, icmpEcho, 0, 0x00010001, query4.frame(), 8)),
-				pass("ICMPv6 echo request to the VIP", icmpError(c6, v6, icmp6Echo, 0, 0x00010001, query6.frame(), 8)),
+				drop("echo request to the VIP", icmpError(c4, v4, icmpEcho, 0, 0x00010001, query4.frame(), 8)),
+				drop("ICMPv6 echo request to the VIP", icmpError(c6, v6, icmp6Echo, 0, 0x00010001, query6.frame(), 8)),
 				pass("a quote shorter than 8 bytes of UDP",
 					icmpError(b4, c4, icmpDestUnreach, icmpFragNeeded, 1400, query4.to(be4a.addr).frame(), 20+4)),
 				pass("a quoted later fragment", func() []byte {
@@ -161,6 +163,7 @@ func TestICMPErrors(t *testing.T) {
 			check: func(t *testing.T, d *datapath) {
 				wantStats(t, d, 1, 1, len(query4.frame()), nil)
 				wantStats(t, d, 6, 1, len(query6.frame()), nil)
+				wantStats(t, d, 0, 0, 0, map[int]uint64{dropICMP: 3})
 			},
 		},
 	})

@@ -31,7 +31,7 @@ type L4xdsLbBackend struct {
 	Addr  [4]uint32
 	Port  uint16
 	State uint8
-	Pad   uint8
+	Flags uint8
 	SvcId uint32
 }
 
@@ -79,6 +79,7 @@ type L4xdsLbSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
+	Family    uint32
 	Addr      [4]uint32
 }
 
@@ -86,7 +87,7 @@ type L4xdsLbStats struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
-	Drops   [6]uint64
+	Drops   [10]uint64
 }
 
 type L4xdsLbSvc struct {
@@ -115,6 +116,7 @@ const (
 	L4xdsMapL4xdsCt       = "l4xds_ct"
 	L4xdsMapL4xdsFrags    = "l4xds_frags"
 	L4xdsMapL4xdsMaglev   = "l4xds_maglev"
+	L4xdsMapL4xdsOldVips  = "l4xds_old_vips"
 	L4xdsMapL4xdsServices = "l4xds_services"
 	L4xdsMapL4xdsSrcrange = "l4xds_srcrange"
 	L4xdsMapL4xdsStats    = "l4xds_stats"
@@ -178,6 +180,7 @@ type L4xdsMapSpecs struct {
 	L4xdsCt       *ebpf.MapSpec `ebpf:"l4xds_ct"`
 	L4xdsFrags    *ebpf.MapSpec `ebpf:"l4xds_frags"`
 	L4xdsMaglev   *ebpf.MapSpec `ebpf:"l4xds_maglev"`
+	L4xdsOldVips  *ebpf.MapSpec `ebpf:"l4xds_old_vips"`
 	L4xdsServices *ebpf.MapSpec `ebpf:"l4xds_services"`
 	L4xdsSrcrange *ebpf.MapSpec `ebpf:"l4xds_srcrange"`
 	L4xdsStats    *ebpf.MapSpec `ebpf:"l4xds_stats"`
@@ -217,6 +220,7 @@ type L4xdsMaps struct {
 	L4xdsCt       *ebpf.Map `ebpf:"l4xds_ct"`
 	L4xdsFrags    *ebpf.Map `ebpf:"l4xds_frags"`
 	L4xdsMaglev   *ebpf.Map `ebpf:"l4xds_maglev"`
+	L4xdsOldVips  *ebpf.Map `ebpf:"l4xds_old_vips"`
 	L4xdsServices *ebpf.Map `ebpf:"l4xds_services"`
 	L4xdsSrcrange *ebpf.Map `ebpf:"l4xds_srcrange"`
 	L4xdsStats    *ebpf.Map `ebpf:"l4xds_stats"`
@@ -230,6 +234,7 @@ func (m *L4xdsMaps) Close() error {
 		m.L4xdsCt,
 		m.L4xdsFrags,
 		m.L4xdsMaglev,
+		m.L4xdsOldVips,
 		m.L4xdsServices,
 		m.L4xdsSrcrange,
 		m.L4xdsStats,

@@ -339,6 +339,42 @@ func TestDatapath(t *testing.T) {
 			},
 		},
 		{
+			// An IPv6 range never covers an IPv4 client: ::/0 is all of
+			// IPv6, IPv4-mapped addresses included, and none of IPv4.
+			name: "source ranges keep the families apart",
+			services: []service{
+				{id: 1, vip: vip4, proto: protoTCP, flags: svcSourceRanges, backends: []backend{be4a}},
+				{id: 6, vip: vip6, proto: protoTCP, flags: svcSourceRanges, backends: []backend{be6a}},
+			},
+			steps: []step{
+				func() step {
+					s := drop("v4 client outside the v4 ranges", syn(netip.MustParseAddrPort("10.200.1.2:40000"), vip4).frame())
+					s.before = func(d *datapath) {
+						for _, id := range []uint32{1, 6} {
+							d.allowSource(id, netip.MustParsePrefix("203.0.113.0/24"))
+							d.allowSource(id, netip.MustParsePrefix("::/0"))
+						}
+					}
+					return s
+				}(),
+				forward("v4 client in a v4 range", syn(netip.MustParseAddrPort("203.0.113.9:40000"), vip4), be4a.addr),
+				forward("v6 client in ::/0", syn(netip.MustParseAddrPort("[2001:db8:2::7]:40000"), vip6), be6a.addr),
+				// An IPv6 packet from an IPv4-mapped source is an IPv6
+				// client: the IPv6 ranges decide, here ::/0.
+				forward("v6 client ::ffff:10.200.1.2 in ::/0", syn(netip.MustParseAddrPort("[::ffff:10.200.1.2]:40000"), vip6), be6a.addr),
+				func() step {
+					s := drop("v6 client ::ffff:203.0.113.9 is not in the v4 range 203.0.113.0/24",
+						syn(netip.MustParseAddrPort("[::ffff:203.0.113.9]:40000"), vip6).frame())
+					s.before = func(d *datapath) { d.denySource(6, netip.MustParsePrefix("::/0")) }
+					return s
+				}(),
+			},
+			check: func(t *testing.T, d *datapath) {
+				wantStats(t, d, 1, 1, len(syn(client4, vip4).frame()), map[int]uint64{dropSourceRange: 1})
+				wantStats(t, d, 6, 2, 2*len(syn(client6, vip6).frame()), map[int]uint64{dropSourceRange: 1})
+			},
+		},
+		{
 			name:     "a VIP port without a service is dropped",
 			services: []service{svc4},
 			steps: []step{
@@ -356,14 +392,8 @@ func TestDatapath(t *testing.T) {
 			steps: []step{
 				pass("tcp to another address", syn(client4, other4).frame()),
 				pass("udp to another address", udp(client6, netip.MustParseAddrPort("[2001:db8::99]:80"), "x").frame()),
-				pass("ICMP echo to the VIP", ether(clientMAC, lbMAC, ipPacket(client4.Addr(), vip4.Addr(), protoICMP,
-					[]byte{8, 0, 0xf7, 0xff, 0, 0, 0, 0}, ipv4Opts{}))),
-				pass("IPv6 extension header to the VIP", func() []byte {
-					// Hop-by-hop options (PadN) before TCP.
-					l4 := append([]byte{protoTCP, 0, 1, 4, 0, 0, 0, 0}, tcp6.l4()...)
-					f := ether(clientMAC, lbMAC, ipPacket(client6.Addr(), vip6.Addr(), 0, l4, ipv4Opts{}))
-					return f
-				}()),
+				pass("ICMP echo to another address", icmpMessage(client4.Addr(), other4.Addr(), icmpEcho)),
+				pass("IPv6 extension header to another address", withExtension(syn(client6, netip.MustParseAddrPort("[2001:db8::99]:80")), protoHopByHop)),
 				pass("VLAN-tagged", func() []byte {
 					f := tcp4.frame()
 					return append(append(append([]byte{}, f[:12]...), 0x81, 0x00, 0x00, 0x05), f[12:]...)

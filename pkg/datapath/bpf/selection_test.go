@@ -115,6 +115,21 @@ func TestSessionAffinity(t *testing.T) {
 	if got := chosen(t, d, next, backends...); got.id == pinned.id {
 		t.Fatalf("a terminating backend kept getting new flows through affinity")
 	}
+
+	// So does an active one out of the table (a priority behind the
+	// best, or weight 0): affinity does not override failover.
+	standby := pinned
+	standby.flags = backendFStandby
+	d.putBackend(1, standby)
+	a.LastUsed, a.BackendId = monotonicNow(t), pinned.id
+	d.must(d.objs.L4xdsAffinity.Put(&key, &a), "affinity update")
+	next = next.sport(next.src.Port() + 1)
+	for maglevChoice(next, mixedTable) == pinned.id {
+		next = next.sport(next.src.Port() + 1)
+	}
+	if got := chosen(t, d, next, backends...); got.id == pinned.id {
+		t.Fatalf("a standby backend kept getting new flows through affinity")
+	}
 	d.putBackend(1, pinned)
 
 	// An entry older than the timeout is not used.
