@@ -44,6 +44,10 @@ const (
 	KeepaliveMinTime = 10 * time.Second
 )
 
+// readBufferSize is each connection's read buffer: a request is a few
+// hundred bytes, a NACK's message a few KiB.
+const readBufferSize = 4 << 10
+
 // Options of NewServer.
 type Options struct {
 	// TLS is the server's TLS configuration (see ServerTLSConfig). Nil serves
@@ -86,6 +90,12 @@ func NewServer(opts Options) *Server {
 	gopts := []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
+		// A node's stream idles between responses and sends small
+		// requests: the write buffer is taken from a pool for each flush
+		// rather than kept per connection, and the read buffer is sized
+		// for ACKs (32 KiB each by default).
+		grpc.SharedWriteBuffer(true),
+		grpc.ReadBufferSize(readBufferSize),
 	}
 	if opts.TLS != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(opts.TLS)))
