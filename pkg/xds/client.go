@@ -506,6 +506,9 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 	go func() {
 		for {
 			resp, err := st.recv()
+			if err == nil {
+				noResponse.answer()
+			}
 			select {
 			case respCh <- recvResult{resp, err}:
 			case <-sctx.Done():
@@ -521,8 +524,10 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 	if err := c.sendAll(st); err != nil {
 		return noResponse.explain(sendFailed(sctx, srv, respCh, err))
 	}
-	if !c.asked() {
-		noResponse.stop() // nothing asked, nothing owed
+	if !c.owed() {
+		// Nothing asked, or nothing owed: a Delta type of names presumed
+		// current gets no answer if nothing changed.
+		noResponse.stop()
 	}
 
 	timer := time.NewTimer(time.Hour)
@@ -540,6 +545,10 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-sctx.Done():
+			// The attempt timer ended the stream; the receive side may
+			// have gone without a word.
+			return noResponse.explain(sctx.Err())
 		case to := <-higher:
 			return &switchServer{to: to}
 		case r := <-respCh:
@@ -569,11 +578,11 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 	}
 }
 
-// asked reports whether the stream has a request out: a type whose
-// request was sent.
-func (c *Client) asked() bool {
+// owed reports whether the stream owes a response: a type whose request
+// was sent and that waits for one.
+func (c *Client) owed() bool {
 	for _, ts := range c.types {
-		if ts.sent {
+		if ts.sent && ts.waiting() {
 			return true
 		}
 	}
@@ -583,18 +592,29 @@ func (c *Client) asked() bool {
 // attemptTimer ends an attempt (cancels its context) that had no response
 // within its bound.
 type attemptTimer struct {
-	d       time.Duration
-	t       *time.Timer
-	expired atomic.Bool
+	d        time.Duration
+	t        *time.Timer
+	answered atomic.Bool
+	expired  atomic.Bool
 }
 
 func newAttemptTimer(d time.Duration, cancel context.CancelFunc) *attemptTimer {
 	a := &attemptTimer{d: d}
 	a.t = time.AfterFunc(d, func() {
+		// A response received and not yet taken by the loop counts.
+		if a.answered.Load() {
+			return
+		}
 		a.expired.Store(true)
 		cancel()
 	})
 	return a
+}
+
+// answer records a response, as soon as it is received.
+func (a *attemptTimer) answer() {
+	a.answered.Store(true)
+	a.t.Stop()
 }
 
 func (a *attemptTimer) stop() { a.t.Stop() }
@@ -710,7 +730,7 @@ func (c *Client) startStream() {
 		ts.sent = false
 		ts.lastNack, ts.nackRepeats, ts.pendingNack = "", 0, nil
 		clear(ts.subscribed)
-		ts.presumed = false
+		clear(ts.presumed)
 	}
 }
 
@@ -720,19 +740,16 @@ func (c *Client) startStream() {
 // what it no longer has, also a resource asked by name (which SotW cannot
 // say: there, the cached version stays).
 //
-// Versions mean nothing to another server (after a fallback or a return),
-// and then the stream starts as SotW's does: a wildcard type's resources
-// go with an empty version, which no resource has, so that the server
-// sends all it has and removes the rest (SotW's sweep); resources asked by
-// name are not listed, and what the server lacks stays cached, as in SotW.
+// A version means nothing to another server (after a fallback or a
+// return), and a resource kept after a deletion (A53) must be sent again to
+// lose its mark: such a resource of a wildcard type goes with an empty
+// version, which no resource has (the server sends it if it has it and
+// removes it if not: SotW's sweep); one asked by name is not listed (what
+// the server lacks stays cached, as in SotW).
 //
-// A type of names whose every accepted resource goes with this server's
-// version is presumed current: the server sends nothing if nothing changed.
+// The names listed with this server's version are presumed current: the
+// server sends nothing for them if nothing changed.
 func (c *Client) initialVersions(ts *typeState) map[string]string {
-	same := ts.versionsOf == c.current.address
-	if !same && !ts.wildcard {
-		return nil
-	}
 	versions := map[string]string{}
 	for name, e := range ts.entries {
 		if !e.accepted.valid() {
@@ -741,13 +758,19 @@ func (c *Client) initialVersions(ts *typeState) map[string]string {
 		if _, asked := ts.names[name]; !ts.wildcard && !asked {
 			continue
 		}
-		v := ""
-		if same {
-			v = e.version
+		switch {
+		case e.server == c.current.address && e.state != StateDeletionIgnored:
+			versions[name] = e.version
+			if !ts.wildcard {
+				ts.presumed[name] = struct{}{}
+			}
+		case ts.wildcard:
+			versions[name] = ""
 		}
-		versions[name] = v
 	}
-	ts.presumed = !ts.wildcard && same && len(versions) > 0
+	if len(versions) == 0 {
+		return nil
+	}
 	return versions
 }
 
@@ -1014,13 +1037,18 @@ func (ts *typeState) waiting() bool {
 		switch {
 		case e == nil:
 			return true
-		case ts.presumed && e.accepted.valid():
+		case isPresumed(ts, n) && e.accepted.valid():
 			// Sent with this server's version: no answer means current.
 		case e.state != StateDoesNotExist:
 			return true
 		}
 	}
 	return false
+}
+
+func isPresumed(ts *typeState, name string) bool {
+	_, ok := ts.presumed[name]
+	return ok
 }
 
 func (c *Client) statusRow(ts *typeState) *TypeStatus {

@@ -45,19 +45,16 @@ type typeState struct {
 	deadlines map[string]time.Time
 	// version is the last accepted version_info.
 	version string
-	// versionsOf is the server whose responses versioned the cache
-	// (Delta's initial_resource_versions mean nothing to another).
-	versionsOf string
 
 	// Per stream.
 	nonce     string
 	responded bool // a response arrived on this stream
 	sent      bool // a request was sent on this stream
 	dirty     bool // names changed since the last request
-	// presumed: the stream's first request gave this server's version of
-	// every accepted resource of the type (Delta, by name), so no answer
-	// means they are current (initialVersions).
-	presumed   bool
+	// presumed are the names the stream's first request gave with this
+	// server's version (Delta, by name): no answer means current
+	// (initialVersions).
+	presumed   map[string]struct{}
 	subscribed map[string]struct{} // names subscribed on this stream (Delta)
 	lastNack   string              // version and error of the last NACK
 	// nackRepeats counts the NACKs in a row identical to lastNack.
@@ -79,6 +76,7 @@ func newTypeState(url string, w *watchSpec) *typeState {
 		names:      map[string]struct{}{},
 		entries:    map[string]*entry{},
 		subscribed: map[string]struct{}{},
+		presumed:   map[string]struct{}{},
 	}
 }
 
@@ -98,7 +96,10 @@ type entry struct {
 	// is zero if there is none.
 	accepted fingerprint
 	version  string
-	state    ResourceState
+	// server gave version: Delta's initial_resource_versions lists it to
+	// that server only.
+	server string
+	state  ResourceState
 	// err and rejected are why and what was last rejected, so that a
 	// server resending the same bad resource does not bother the handler
 	// unless something else changed.
@@ -159,7 +160,6 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 	// only resources of this response.
 	invalid := len(a.rejected) - a.removedTwice
 	c.metrics.updates(ts.url, len(resp.resources)-a.notAsked-invalid, invalid)
-	ts.versionsOf = c.current.address
 	c.markResponded(ts)
 	return c.ackOrNack(st, ts, resp, a.rejected, a.now)
 }
@@ -277,7 +277,7 @@ func (c *Client) decode(ts *typeState, slice []rawResource, first int, typeURL s
 			}
 			if e.state != StateAcked || (a.delta && e.version != raw.version) {
 				if a.delta {
-					e.version = raw.version
+					e.version, e.server = raw.version, c.current.address
 				}
 				e.state, e.err, e.rejected, e.offer, e.updated = StateAcked, "", fingerprint{}, nil, a.now
 				a.touched = append(a.touched, name)
@@ -344,7 +344,10 @@ func (c *Client) keepDeleted(ts *typeState, name string, e *entry, a *applied) b
 	if e.state != StateDeletionIgnored {
 		c.log.Warn("xDS server deleted a resource; keeping it in use ("+FeatureIgnoreResourceDeletion+")",
 			"server", c.current.address, "type", ShortTypeName(ts.url), "name", name, "version", e.version)
+		// What is kept is the accepted version; a rejected one of a
+		// resource the server no longer has is not offered again.
 		e.state, e.updated = StateDeletionIgnored, a.now
+		e.err, e.rejected, e.offer = "", fingerprint{}, nil
 		a.touched = append(a.touched, name)
 	}
 	return true
@@ -442,7 +445,7 @@ func (c *Client) recordOutcome(ts *typeState, a *applied) {
 			continue
 		}
 		e := ts.entry(r.Name)
-		*e = entry{accepted: value, version: r.Version, state: StateAcked, updated: a.now}
+		*e = entry{accepted: value, version: r.Version, server: c.current.address, state: StateAcked, updated: a.now}
 		ts.stopDeadline(r.Name)
 		a.touched = append(a.touched, r.Name)
 	}
