@@ -61,14 +61,24 @@ type Server struct {
 	log    *slog.Logger
 	caches *typeCaches
 	grpc   *grpc.Server
+	health *health.Server
 	cancel context.CancelFunc
+
+	// serving is closed by the first Set. Until then xDS streams wait: the
+	// caches would answer a request at once, with nothing, and a client
+	// takes the first response of a stream as the complete state.
+	serving chan struct{}
+	stopped chan struct{}
 
 	mu      sync.Mutex // serialises Set
 	current Resources
+
+	stopOnce sync.Once
 }
 
 // NewServer returns a server with no resources. Clients may connect before
-// the first Set; they receive the resources when they arrive.
+// the first Set; their streams get no response until then, and the gRPC
+// health service says NOT_SERVING.
 func NewServer(opts Options) *Server {
 	logger := opts.Logger
 	if logger == nil {
@@ -90,6 +100,15 @@ func NewServer(opts Options) *Server {
 	if opts.TLS != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(opts.TLS)))
 	}
+	s := &Server{
+		log:     logger,
+		caches:  caches,
+		cancel:  cancel,
+		current: Resources{},
+		serving: make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	gopts = append(gopts, grpc.ChainStreamInterceptor(s.waitForFirstState))
 	gs := grpc.NewServer(append(gopts, opts.GRPCOptions...)...)
 	discovery.RegisterAggregatedDiscoveryServiceServer(gs, xs)
 	clusterservice.RegisterClusterDiscoveryServiceServer(gs, xs)
@@ -97,14 +116,36 @@ func NewServer(opts Options) *Server {
 	listenerservice.RegisterListenerDiscoveryServiceServer(gs, xs)
 	routeservice.RegisterRouteDiscoveryServiceServer(gs, xs)
 	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
+	s.grpc, s.health = gs, hs
+	return s
+}
 
-	return &Server{
-		log:     logger,
-		caches:  caches,
-		grpc:    gs,
-		cancel:  cancel,
-		current: Resources{},
+// waitForFirstState holds every stream (all are xDS streams; the health
+// service is unary) until the server has its first state.
+func (s *Server) waitForFirstState(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if !s.Serving() {
+		s.log.Debug("xDS stream waits for the first state", "method", info.FullMethod)
+	}
+	select {
+	case <-s.serving:
+		return handler(srv, ss)
+	case <-ss.Context().Done():
+		return ss.Context().Err()
+	case <-s.stopped:
+		return errors.New("server stopped")
+	}
+}
+
+// Serving reports whether the server has its first state and answers xDS
+// requests.
+func (s *Server) Serving() bool {
+	select {
+	case <-s.serving:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -142,6 +183,7 @@ func (s *Server) Run(ctx context.Context, lis net.Listener, path string, opts ..
 // Stop closes the listeners and all streams. Clients reconnect elsewhere or
 // later and keep what they have meanwhile.
 func (s *Server) Stop() {
+	s.stopOnce.Do(func() { close(s.stopped) })
 	s.cancel()
 	s.grpc.Stop()
 }
@@ -157,6 +199,9 @@ func (s *Server) Resources() Resources {
 // current set (by proto.Equal) is updated or deleted, so unchanged resources
 // keep their versions and are not sent again. Set takes ownership of the
 // messages in res.
+//
+// The first Set must be the complete state: clients are answered from then
+// on (see NewServer).
 //
 // A type that is not a registered message type fails Set before anything
 // changes. An error from a cache (a resource that cannot be marshalled for a
@@ -209,6 +254,11 @@ func (s *Server) Set(res Resources) error {
 	}
 	s.current = next
 	s.log.Info("Resources applied", "total", next.Len(), "updated", updated, "deleted", deleted)
+	if !s.Serving() {
+		close(s.serving)
+		s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		s.log.Info("Serving xDS clients: the first state is applied")
+	}
 	return errors.Join(errs...)
 }
 

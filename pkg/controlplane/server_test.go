@@ -642,3 +642,42 @@ func TestServerVersionsDifferAfterRestart(t *testing.T) {
 		t.Fatalf("versions of two servers: %q", versions)
 	}
 }
+
+// waitForLogs waits until the server's log has n lines with msg.
+func (e *testEnv) waitForLogs(t *testing.T, msg string, n int) {
+	t.Helper()
+	ctx := testContext(t)
+	for strings.Count(e.logs.String(), msg) < n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("not %d %q in the log:\n%s", n, msg, e.logs.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// A client that subscribes before the server has its first state gets no
+// response until it has: an empty first response would make it remove
+// everything it holds (the first response of a stream is the full state).
+func TestServerAnswersOnlyWithItsFirstState(t *testing.T) {
+	env := startServer(t)
+	cfp := cfpResources(t)
+	sotw := env.sotw(t, map[string][]string{resource.ClusterType: nil})
+	delta := env.delta(t, map[string][]string{resource.ClusterType: {"*"}})
+	env.waitForLogs(t, "xDS stream waits for the first state", 2)
+	if env.srv.Serving() {
+		t.Fatal("serving before the first Set")
+	}
+	if err := env.srv.Set(cfp); err != nil {
+		t.Fatal(err)
+	}
+	if !env.srv.Serving() {
+		t.Fatal("not serving after the first Set")
+	}
+	if resp, msgs := sotw.recv(); len(msgs) != 1 {
+		t.Errorf("SotW: first response (version %q) has %d clusters, want the first state's 1", resp.GetVersionInfo(), len(msgs))
+	}
+	if resp := delta.recv(); len(resp.GetResources()) != 1 {
+		t.Errorf("Delta: first response has %d clusters, want the first state's 1", len(resp.GetResources()))
+	}
+}
