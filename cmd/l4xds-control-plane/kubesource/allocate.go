@@ -95,6 +95,11 @@ func (al *allocator) request(a netip.Addr, h *holder, pool string) *addrError {
 	return nil
 }
 
+// hold checks an address an object holds (its status says so).
+func (al *allocator) hold(a netip.Addr, h *holder, pool string) *addrError {
+	return al.request(a, h, pool)
+}
+
 // allocate finds a free address of the family for h.
 func (al *allocator) allocate(v4 bool, h *holder, pool string) (netip.Addr, *addrError) {
 	pools := al.pools
