@@ -269,3 +269,37 @@ func TestHeldAddressesAreKeptBeforeAnyAllocation(t *testing.T) {
 		}
 	}
 }
+
+// A sharing key is found by an index, not by walking the pools: the first
+// Service of a key in an IPv6 /64 pool would walk 2^64 addresses.
+func TestSharingKeyInAHugePool(t *testing.T) {
+	at := metav1.NewTime(time.Unix(1000, 0))
+	svc := func(name string, proto corev1.Protocol) *corev1.Service {
+		return &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", CreationTimestamp: at, Annotations: map[string]string{AnnotationSharingKey: "dns"}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: new(DefaultLoadBalancerClass),
+				IPFamilies: []corev1.IPFamily{corev1.IPv6Protocol},
+				Ports:      []corev1.ServicePort{{Port: 53, Protocol: proto}}},
+		}
+	}
+	other := svc("other", corev1.ProtocolUDP)
+	other.Annotations[AnnotationSharingKey] = "other"
+	pool, _ := ParsePool("v6=2001:db8::/64")
+	built := make(chan Outcome, 1)
+	go func() {
+		built <- Build(Config{Pools: Pools{pool}}, State{Services: []*corev1.Service{
+			svc("dns-udp", corev1.ProtocolUDP), svc("dns-tcp", corev1.ProtocolTCP), other,
+		}})
+	}()
+	var out Outcome
+	select {
+	case out = <-built:
+	case <-time.After(30 * time.Second): // it either returns at once or walks the pool for ages
+		t.Fatal("Build did not return: it walks the pool for the sharing key")
+	}
+	for name, want := range map[string]string{"dns-udp": "2001:db8::", "dns-tcp": "2001:db8::", "other": "2001:db8::1"} {
+		if ing := out.Services[nn(name)].Status.LoadBalancer.Ingress; len(ing) != 1 || ing[0].IP != want {
+			t.Errorf("%s: %v, want %s", name, ing, want)
+		}
+	}
+}
