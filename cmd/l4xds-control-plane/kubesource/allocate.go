@@ -37,8 +37,9 @@ type holder struct {
 // (oldest first), so that an object keeps its address when a newer one
 // wants the same.
 type allocator struct {
-	pools Pools
-	used  map[netip.Addr][]*holder
+	pools    Pools
+	keepHeld bool // see Config.KeepHeldAddresses
+	used     map[netip.Addr][]*holder
 	// shared are the addresses held under each sharing key, in the order
 	// taken: a key's holder is found without walking the pools (an IPv6
 	// pool has more addresses than can be walked).
@@ -105,7 +106,14 @@ func (al *allocator) request(a netip.Addr, h *holder, pool string) *addrError {
 
 // hold checks an address an object holds (its status says so).
 func (al *allocator) hold(a netip.Addr, h *holder, pool string) *addrError {
-	return al.request(a, h, pool)
+	if !al.keepHeld {
+		return al.request(a, h, pool)
+	}
+	if why := al.conflict(a, h); why != "" {
+		return &addrError{ReasonAddressInUse, why}
+	}
+	al.take(a, h)
+	return nil
 }
 
 // allocate finds a free address of the family for h.

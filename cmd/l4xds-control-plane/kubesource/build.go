@@ -36,6 +36,7 @@ func Build(cfg Config, st State) Outcome {
 	cfg = cfg.withDefaults()
 	out := Outcome{Resources: controlplane.Resources{}, Services: map[types.NamespacedName]ServiceOutcome{}}
 	al := newAllocator(cfg.Pools)
+	al.keepHeld = cfg.KeepHeldAddresses
 
 	var svcs []*corev1.Service
 	for _, s := range st.Services {

@@ -137,6 +137,9 @@ func (s *Source) gatewayAPIServed(ctx context.Context) (bool, error) {
 // discover sets s.gw to nil when the cluster serves no Gateway API. It
 // retries until the API server answers; false when ctx ended first.
 func (s *Source) discover(ctx context.Context) bool {
+	if s.gw == nil {
+		return true // known
+	}
 	delay := time.Second
 	s.report(errors.New("waiting for the API server to answer (is the Gateway API served?)"))
 	for {
@@ -299,17 +302,17 @@ func (s *Source) Run(ctx context.Context) error {
 		return nil
 	}
 
-	read := func() (State, Pools, error) {
+	read := func() (State, error) {
 		var st State
 		var err error
 		if st.Services, err = svcs.Lister().List(labels.Everything()); err != nil {
-			return st, nil, err
+			return st, err
 		}
 		if st.EndpointSlices, err = slices_.Lister().List(labels.Everything()); err != nil {
-			return st, nil, err
+			return st, err
 		}
 		if st.Nodes, err = nodes.Lister().List(labels.Everything()); err != nil {
-			return st, nil, err
+			return st, err
 		}
 		if gf != nil {
 			g := gf.Gateway().V1()
@@ -318,37 +321,58 @@ func (s *Source) Run(ctx context.Context) error {
 			st.Gateway.TCPRoutes, _ = g.TCPRoutes().Lister().List(labels.Everything())
 			st.Gateway.UDPRoutes, _ = g.UDPRoutes().Lister().List(labels.Everything())
 		}
-		pools := slices.Clone(s.opts.Pools)
-		if cms != nil {
-			cm, err := cms.Core().V1().ConfigMaps().Lister().ConfigMaps(cmNS).Get(cmName)
-			if err == nil {
-				more, perr := PoolsFromConfigMap(cm.Data)
-				if perr != nil {
-					return st, nil, fmt.Errorf("ConfigMap %s: %w", s.opts.PoolsConfigMap, perr)
-				}
-				pools = append(pools, more...)
-			}
+		return st, nil
+	}
+
+	// The ConfigMap's pools. One that does not parse keeps its last good
+	// pools; with none (it was bad from the start), the flags' pools serve
+	// and every object keeps the address it holds, since it may be in the
+	// pools not known.
+	var (
+		goodCMPools Pools
+		goodCM      bool
+		lastPoolErr string
+	)
+	pools := func() (Pools, error) {
+		out := slices.Clone(s.opts.Pools)
+		if cms == nil {
+			return out, nil
 		}
-		return st, pools, nil
+		cm, err := cms.Core().V1().ConfigMaps().Lister().ConfigMaps(cmNS).Get(cmName)
+		if err != nil {
+			return out, nil // no ConfigMap: no more pools
+		}
+		more, perr := PoolsFromConfigMap(cm.Data)
+		if perr == nil {
+			goodCMPools, goodCM, lastPoolErr = more, true, ""
+			return append(out, more...), nil
+		}
+		perr = fmt.Errorf("address pools ConfigMap %s: %w", s.opts.PoolsConfigMap, perr)
+		if perr.Error() != lastPoolErr {
+			lastPoolErr = perr.Error()
+			how := "serving its last good pools"
+			if !goodCM {
+				how = "serving the --address-pool pools; objects keep the addresses they hold"
+			}
+			s.log.Error("Address pools not applied", "error", perr, "meanwhile", how)
+			s.rec.Event(cm, corev1.EventTypeWarning, "InvalidAddressPools", perr.Error()+": "+how)
+		}
+		if goodCM {
+			return append(out, goodCMPools...), nil
+		}
+		return out, perr
 	}
 
 	first := true
-	var lastPoolErr string
 	for {
-		st, pools, err := read()
+		st, err := read()
 		if err != nil {
-			// A bad pool ConfigMap keeps the last good state served.
-			if err.Error() != lastPoolErr {
-				s.log.Error("Kubernetes state not applied", "error", err)
-				lastPoolErr = err.Error()
-			}
-			if first {
-				s.report(err)
-			}
+			s.log.Error("Kubernetes state not applied", "error", err)
 		} else {
-			lastPoolErr = ""
 			cfg := s.opts.Config
-			cfg.Pools = pools
+			var poolErr error
+			cfg.Pools, poolErr = pools()
+			cfg.KeepHeldAddresses = poolErr != nil
 			out := Build(cfg, st)
 			_, err := s.opts.Publish(out.Resources)
 			if err != nil {
@@ -358,8 +382,10 @@ func (s *Source) Run(ctx context.Context) error {
 			if first {
 				s.log.Info("Kubernetes source synced", "services", len(out.Services), "resources", out.Resources.Len())
 				first = false
-				s.report(nil)
 			}
+			// Not ready while pools are unknown: nothing new can get an
+			// address from them.
+			s.report(poolErr)
 		}
 		select {
 		case <-ctx.Done():
