@@ -21,6 +21,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
 
@@ -157,9 +160,10 @@ is served from the file and the conflict is logged.
 Clients get no response until the first complete state is read: the file,
 and the cluster once its objects are listed. A client that connects earlier
 waits; an empty answer would make it remove everything it serves. Plaintext
-HTTP on --health-listen answers /healthz (the process runs) and /readyz (200
+HTTP on --health-listen answers /healthz (the process runs), /readyz (200
 once the first complete state is served; 503 with the reasons otherwise, such
-as an API server that does not answer).`,
+as an API server that does not answer) and /metrics (Prometheus: connected
+nodes, each node's ACKs, NACKs and ACKed version per type, readiness).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := prepare(f, stderr)
@@ -183,7 +187,7 @@ as an API server that does not answer).`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.resources, "resources", "", "YAML or JSON file of Envoy resources to serve and follow (required)")
 	fl.StringVar(&f.listen, "listen", ":9000", "host:port to accept xDS clients on (the agents' --xds-server-address)")
-	fl.StringVar(&f.healthListen, "health-listen", ":9001", `host:port of the plaintext HTTP /healthz and /readyz ("" for none)`)
+	fl.StringVar(&f.healthListen, "health-listen", ":9001", `host:port of the plaintext HTTP /healthz, /readyz and /metrics ("" for none)`)
 	fl.StringVar(&f.cert, "cert", "", "server certificate (PEM); re-read when it changes")
 	fl.StringVar(&f.key, "key", "", "server private key (PEM); re-read when it changes")
 	fl.StringVar(&f.clientCA, "client-ca", "", "CA certificates (PEM) that client certificates must chain to; re-read when it changes")
@@ -269,12 +273,18 @@ func (s *server) run(ctx context.Context, lis, hlis net.Listener) error {
 	if f.skipValidation {
 		opts = append(opts, controlplane.WithoutValidation())
 	}
-	srv := controlplane.NewServer(controlplane.Options{TLS: s.tls, Logger: log})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := controlplane.NewServer(controlplane.Options{TLS: s.tls, Logger: log, Registerer: reg})
 	health := controlplane.NewHealth(srv)
+	health.Register(reg)
 	if hlis != nil {
-		hs := &http.Server{Handler: health, ReadHeaderTimeout: 10 * time.Second}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/", health)
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
-			log.Info("Serving health", "address", hlis.Addr().String(), "paths", "/healthz /readyz")
+			log.Info("Serving health and metrics", "address", hlis.Addr().String(), "paths", "/healthz /readyz /metrics")
 			if err := hs.Serve(hlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("Health endpoint stopped", "error", err)
 			}

@@ -296,7 +296,8 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// Serving a file, the server is ready once the file is applied.
+// Serving a file, the server is ready once the file is applied, and says
+// so in its metrics.
 func TestServeFileIsReady(t *testing.T) {
 	_, healthAddr := testListeners(t)
 	path := filepath.Join(t.TempDir(), "resources.yaml")
@@ -336,6 +337,17 @@ func TestServeFileIsReady(t *testing.T) {
 				t.Fatalf("%s: %v\n%s", path, err, logs.String())
 			}
 			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	resp, err := hc.Get("http://" + healthAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"\nl4xds_control_plane_ready 1\n", "\nl4xds_control_plane_connected_clients 0\n"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics has no %q:\n%s", want, body)
 		}
 	}
 }

@@ -48,6 +48,13 @@ type testEnv struct {
 // startServer serves over real gRPC with mTLS on 127.0.0.1.
 func startServer(t *testing.T) *testEnv {
 	t.Helper()
+	return startServerWith(t, Options{})
+}
+
+// startServerWith is startServer with opts (their TLS and Logger are the
+// test's).
+func startServerWith(t *testing.T, opts Options) *testEnv {
+	t.Helper()
 	dir := t.TempDir()
 	if err := devcerts.Write(dir, devcerts.Options{}); err != nil {
 		t.Fatal(err)
@@ -57,7 +64,8 @@ func startServer(t *testing.T) *testEnv {
 		t.Fatal(err)
 	}
 	logs := &syncBuffer{}
-	srv := NewServer(Options{TLS: tlsConf, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	opts.TLS, opts.Logger = tlsConf, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	srv := NewServer(opts)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
