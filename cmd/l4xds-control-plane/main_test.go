@@ -197,7 +197,7 @@ func TestServeKubernetesWaitsForTheAPIServer(t *testing.T) {
 		reason string
 	}{
 		"connection never answered": {hangingAPIServer, "kubernetes: waiting for the API server to answer"},
-		"lists never answered":      {listsHangAPIServer, "kubernetes: waiting for the API server to list Services (no answer yet), EndpointSlices (no answer yet), Nodes (no answer yet)"},
+		"lists never answered":      {listsHangAPIServer, "kubernetes: waiting for the API server to list Services (not listed yet), EndpointSlices (not listed yet), Nodes (not listed yet)"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			xdsAddr, healthAddr := testListeners(t)

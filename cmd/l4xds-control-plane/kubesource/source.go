@@ -185,7 +185,7 @@ func (i *informer) pending() string {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	if i.lastErr == nil {
-		return i.kind + " (no answer yet)"
+		return i.kind + " (not listed yet)"
 	}
 	return fmt.Sprintf("%s (%v)", i.kind, i.lastErr)
 }
