@@ -260,3 +260,52 @@ func TestGatewayCRDMissingOnARealAPIServer(t *testing.T) {
 		}
 	}
 }
+
+// A Service created after a Gateway got its address gets another one: the
+// Gateway's is kept before any Service is given one, and it does not move.
+func TestGatewayKeepsItsAddressOnARealAPIServer(t *testing.T) {
+	api := startAPIServer(t)
+	installGatewayCRDs(t, api)
+	e := startSource(t, api, kubesource.Options{Config: kubesource.Config{Pools: kubesource.Pools{mustPool(t, "shared=10.3.0.0/31")}}}, nil)
+	gw, err := gwclient.NewForConfig(api.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := gw.GatewayV1()
+	if _, err := g.GatewayClasses().Create(e.ctx, &gatewayv1.GatewayClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "l4xds"},
+		Spec:       gatewayv1.GatewayClassSpec{ControllerName: kubesource.DefaultControllerName},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Gateways("default").Create(e.ctx, &gatewayv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: "default"},
+		Spec: gatewayv1.GatewaySpec{GatewayClassName: "l4xds", Listeners: []gatewayv1.Listener{
+			{Name: "dns", Port: 53, Protocol: gatewayv1.UDPProtocolType},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gatewayAddrs := func() string {
+		gwy, err := g.Gateways("default").Get(e.ctx, "edge", metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		var addrs []string
+		for _, a := range gwy.Status.Addresses {
+			addrs = append(addrs, a.Value)
+		}
+		return fmt.Sprint(addrs)
+	}
+	e.eventually("Gateway address", func() string { return want(gatewayAddrs(), "[10.3.0.0]") })
+
+	e.create(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "late", Namespace: "default"}, Spec: corev1.ServiceSpec{
+		Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: new(kubesource.DefaultLoadBalancerClass),
+		Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolTCP}},
+	}})
+	e.expectStatus("late", "10.3.0.1(VIP)[53/TCP]", nil)
+	e.expectServed("gateway/default/edge/dns", "frontends 10.3.0.0:53/UDP backends []")
+	if got := gatewayAddrs(); got != "[10.3.0.0]" {
+		t.Errorf("the Gateway moved to %s", got)
+	}
+}
