@@ -13,13 +13,19 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
 
 	"github.com/l4xds/l4xds/cmd/l4xds-control-plane/kubesource"
 	"github.com/l4xds/l4xds/pkg/controlplane"
@@ -99,6 +105,7 @@ The server certificate is valid for localhost, 127.0.0.1, ::1 and --server-name
 
 type serveFlags struct {
 	resources, listen   string
+	healthListen        string
 	kubeconfig          string
 	inCluster           bool
 	lbClass, controller string
@@ -148,15 +155,39 @@ Service of type LoadBalancer whose spec.loadBalancerClass is
 a GatewayClass whose controllerName is --gateway-controller-name one per
 listener. Their status is written back (KEP-1435 port status, conditions,
 Events). With --resources too, both are served; a resource name both publish
-is served from the file and the conflict is logged.`,
+is served from the file and the conflict is logged.
+
+Clients get no response until the first complete state is read: the file,
+and the cluster once its objects are listed. A client that connects earlier
+waits; an empty answer would make it remove everything it serves. Plaintext
+HTTP on --health-listen answers /healthz (the process runs), /readyz (200
+once the first complete state is served; 503 with the reasons otherwise, such
+as an API server that does not answer) and /metrics (Prometheus: connected
+nodes, each node's ACKs, NACKs and ACKed version per type, readiness).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return serve(cmd.Context(), f, stderr)
+			s, err := prepare(f, stderr)
+			if err != nil {
+				return err
+			}
+			lis, err := listen("tcp", f.listen)
+			if err != nil {
+				return fmt.Errorf("--listen: %w", err)
+			}
+			var hlis net.Listener
+			if f.healthListen != "" {
+				if hlis, err = listen("tcp", f.healthListen); err != nil {
+					lis.Close()
+					return fmt.Errorf("--health-listen: %w", err)
+				}
+			}
+			return s.run(cmd.Context(), lis, hlis)
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.resources, "resources", "", "YAML or JSON file of Envoy resources to serve and follow (required)")
 	fl.StringVar(&f.listen, "listen", ":9000", "host:port to accept xDS clients on (the agents' --xds-server-address)")
+	fl.StringVar(&f.healthListen, "health-listen", ":9001", `host:port of the plaintext HTTP /healthz, /readyz and /metrics ("" for none)`)
 	fl.StringVar(&f.cert, "cert", "", "server certificate (PEM); re-read when it changes")
 	fl.StringVar(&f.key, "key", "", "server private key (PEM); re-read when it changes")
 	fl.StringVar(&f.clientCA, "client-ca", "", "CA certificates (PEM) that client certificates must chain to; re-read when it changes")
@@ -173,33 +204,46 @@ is served from the file and the conflict is logged.`,
 	return cmd
 }
 
-func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
+// listen is net.Listen; tests replace it to hand in their listeners.
+var listen = net.Listen
+
+// server is a checked serve command line, ready to run.
+type server struct {
+	f    serveFlags
+	log  *slog.Logger
+	tls  *tls.Config
+	kube *rest.Config // nil without --kubeconfig or --in-cluster
+	kcfg kubesource.Config
+}
+
+// prepare checks the flags and loads what they name, before anything listens.
+func prepare(f serveFlags, stderr io.Writer) (*server, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	s := &server{f: f, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
 	kube := f.kubeconfig != "" || f.inCluster
 	if f.resources == "" && !kube {
-		return errors.New("--resources, --kubeconfig or --in-cluster is required: what to serve")
+		return nil, errors.New("--resources, --kubeconfig or --in-cluster is required: what to serve")
 	}
 	if f.kubeconfig != "" && f.inCluster {
-		return errors.New("--kubeconfig and --in-cluster are exclusive")
+		return nil, errors.New("--kubeconfig and --in-cluster are exclusive")
 	}
-	var kcfg kubesource.Config
 	if kube {
 		var err error
-		if kcfg, err = kubeConfig(f); err != nil {
-			return err
+		if s.kcfg, err = kubeConfig(f); err != nil {
+			return nil, err
+		}
+		if s.kube, err = kubesource.RESTConfig(f.kubeconfig); err != nil {
+			return nil, err
 		}
 	}
 
-	var tlsConf *tls.Config
 	if f.insecure {
 		if f.cert != "" || f.key != "" || f.clientCA != "" {
-			return errors.New("--insecure cannot be combined with --cert, --key or --client-ca")
+			return nil, errors.New("--insecure cannot be combined with --cert, --key or --client-ca")
 		}
-		log.Warn("Serving xDS in plaintext without client authentication (--insecure): anyone who can reach the port can read the configuration")
 	} else {
 		var missing []string
 		for _, fl := range []struct{ name, value string }{{"--cert", f.cert}, {"--key", f.key}, {"--client-ca", f.clientCA}} {
@@ -208,59 +252,82 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 			}
 		}
 		if len(missing) > 0 {
-			return fmt.Errorf("mutual TLS needs --cert, --key and --client-ca (missing %s), or --insecure for plaintext", strings.Join(missing, ", "))
+			return nil, fmt.Errorf("mutual TLS needs --cert, --key and --client-ca (missing %s), or --insecure for plaintext", strings.Join(missing, ", "))
 		}
 		var err error
-		if tlsConf, err = controlplane.ServerTLSConfig(f.cert, f.key, f.clientCA); err != nil {
-			return err
+		if s.tls, err = controlplane.ServerTLSConfig(f.cert, f.key, f.clientCA); err != nil {
+			return nil, err
 		}
 	}
+	return s, nil
+}
 
-	lis, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
+// run serves xDS on lis and health on hlis (nil for none) until ctx is
+// done; it closes both.
+func (s *server) run(ctx context.Context, lis, hlis net.Listener) error {
+	f, log := s.f, s.log
+	if f.insecure {
+		log.Warn("Serving xDS in plaintext without client authentication (--insecure): anyone who can reach the port can read the configuration")
 	}
 	var opts []controlplane.ParseOption
 	if f.skipValidation {
 		opts = append(opts, controlplane.WithoutValidation())
 	}
-	srv := controlplane.NewServer(controlplane.Options{TLS: tlsConf, Logger: log})
-	if !kube {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv := controlplane.NewServer(controlplane.Options{TLS: s.tls, Logger: log, Registerer: reg})
+	health := controlplane.NewHealth(srv)
+	health.Register(reg)
+	if hlis != nil {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/", health)
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			log.Info("Serving health and metrics", "address", hlis.Addr().String(), "paths", "/healthz /readyz /metrics")
+			if err := hs.Serve(hlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("Health endpoint stopped", "error", err)
+			}
+		}()
+		defer hs.Close()
+	}
+	if s.kube == nil {
 		return srv.Run(ctx, lis, f.resources, opts...)
 	}
 	defer srv.Stop()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// The file's resources take precedence: a name both publish is served
-	// from the file and reported.
-	sources := controlplane.NewSources(srv, "file", kubesource.SourceName)
+	// from the file and reported. Clients are served once both have
+	// published.
+	order := []string{kubesource.SourceName}
+	if f.resources != "" {
+		order = []string{"file", kubesource.SourceName}
+	}
+	sources := controlplane.NewSources(srv, order...)
+	errs := make(chan error, 2)
+	// Streams wait for the first complete state: accepting them now lets
+	// agents connect and be answered the moment it is read.
+	go func() { errs <- srv.Serve(lis) }()
 	if f.resources != "" {
 		set := func(res controlplane.Resources) error { _, err := sources.Set("file", res); return err }
 		if err := controlplane.ApplyFile(ctx, f.resources, log, set, opts...); err != nil {
-			lis.Close()
 			return err
 		}
 	}
-	rc, err := kubesource.RESTConfig(f.kubeconfig)
-	if err != nil {
-		lis.Close()
-		return err
-	}
-	src, err := kubesource.New(rc, kubesource.Options{
-		Config:         kcfg,
+	src, err := kubesource.New(s.kube, kubesource.Options{
+		Config:         s.kcfg,
 		PoolsConfigMap: f.poolsConfigMap,
 		Publish: func(res controlplane.Resources) ([]controlplane.Conflict, error) {
 			return sources.Set(kubesource.SourceName, res)
 		},
-		Logger: log,
+		Problem: func(err error) { health.Report(kubesource.SourceName, err) },
+		Logger:  log,
 	})
 	if err != nil {
-		lis.Close()
 		return err
 	}
-	errs := make(chan error, 2)
 	go func() { errs <- src.Run(ctx) }()
-	go func() { errs <- srv.Serve(lis) }()
 	select {
 	case <-ctx.Done():
 		srv.Stop()

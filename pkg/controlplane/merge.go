@@ -57,7 +57,9 @@ func Merge(order []string, sets map[string]Resources) (Resources, []Conflict) {
 
 // Sources feeds a Server from several sources (a resource file, a
 // Kubernetes cluster): each Set replaces one source's resources and serves
-// the merge of all. Conflicts are logged when they appear and returned on
+// the merge of all. The server gets its first state once every source has
+// published (a source alone is a partial state, and clients take the first
+// state as complete). Conflicts are logged when they appear and returned on
 // every Set.
 type Sources struct {
 	srv   *Server
@@ -91,5 +93,11 @@ func (s *Sources) Set(source string, res Resources) ([]Conflict, error) {
 		}
 	}
 	s.reported = now
+	for _, src := range s.order {
+		if _, ok := s.sets[src]; !ok {
+			s.log.Info("Resources not served until every source has published", "source", source, "waiting-for", src)
+			return conflicts, nil
+		}
+	}
 	return conflicts, s.srv.Set(merged)
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 )
 
@@ -63,5 +64,30 @@ func TestSourcesLogConflictsOnce(t *testing.T) {
 	}
 	if _, err := src.Set("elsewhere", nil); err == nil {
 		t.Error("an unknown source was accepted")
+	}
+}
+
+// The server gets its first state only once every source has published:
+// the file alone is not the complete state of a server that also serves a
+// cluster.
+func TestSourcesServeOnceAllPublished(t *testing.T) {
+	srv := NewServer(Options{Logger: slog.New(slog.DiscardHandler)})
+	defer srv.Stop()
+	src := NewSources(srv, "file", "kubernetes")
+	if _, err := src.Set("file", cfpResources(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.Resources().Len(); n != 0 {
+		t.Fatalf("the file alone is served (%d resources) before the cluster was read", n)
+	}
+	other := Resources{}
+	if err := other.Add(&clusterv3.Cluster{Name: "service/default/web"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Set("kubernetes", other); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.Resources().Len(); n != 3 {
+		t.Fatalf("%d resources served, want both sources' 3", n)
 	}
 }

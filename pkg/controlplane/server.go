@@ -24,6 +24,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -57,6 +58,9 @@ type Options struct {
 	Logger *slog.Logger
 	// GRPCOptions are appended to the server's own options.
 	GRPCOptions []grpc.ServerOption
+	// Registerer, when set, receives the metrics of the clients: how many
+	// are connected, each node's ACKs, NACKs and ACKed version per type.
+	Registerer prometheus.Registerer
 }
 
 // Server serves a set of resources over xDS: ADS and the per-type CDS, EDS,
@@ -65,14 +69,24 @@ type Server struct {
 	log    *slog.Logger
 	caches *typeCaches
 	grpc   *grpc.Server
+	health *health.Server
 	cancel context.CancelFunc
+
+	// serving is closed by the first Set. Until then xDS streams wait: the
+	// caches would answer a request at once, with nothing, and a client
+	// takes the first response of a stream as the complete state.
+	serving chan struct{}
+	stopped chan struct{}
 
 	mu      sync.Mutex // serialises Set
 	current Resources
+
+	stopOnce sync.Once
 }
 
 // NewServer returns a server with no resources. Clients may connect before
-// the first Set; they receive the resources when they arrive.
+// the first Set; their streams get no response until then, and the gRPC
+// health service says NOT_SERVING.
 func NewServer(opts Options) *Server {
 	logger := opts.Logger
 	if logger == nil {
@@ -85,6 +99,9 @@ func NewServer(opts Options) *Server {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cb := newCallbacks(logger)
+	if opts.Registerer != nil {
+		cb.metrics = newServerMetrics(opts.Registerer, cb)
+	}
 	xs := xdsserver.NewServer(ctx, caches, cb)
 
 	gopts := []grpc.ServerOption{
@@ -100,6 +117,15 @@ func NewServer(opts Options) *Server {
 	if opts.TLS != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(opts.TLS)))
 	}
+	s := &Server{
+		log:     logger,
+		caches:  caches,
+		cancel:  cancel,
+		current: Resources{},
+		serving: make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	gopts = append(gopts, grpc.ChainStreamInterceptor(s.waitForFirstState))
 	gs := grpc.NewServer(append(gopts, opts.GRPCOptions...)...)
 	discovery.RegisterAggregatedDiscoveryServiceServer(gs, xs)
 	clusterservice.RegisterClusterDiscoveryServiceServer(gs, xs)
@@ -107,14 +133,36 @@ func NewServer(opts Options) *Server {
 	listenerservice.RegisterListenerDiscoveryServiceServer(gs, xs)
 	routeservice.RegisterRouteDiscoveryServiceServer(gs, xs)
 	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
+	s.grpc, s.health = gs, hs
+	return s
+}
 
-	return &Server{
-		log:     logger,
-		caches:  caches,
-		grpc:    gs,
-		cancel:  cancel,
-		current: Resources{},
+// waitForFirstState holds every stream (all are xDS streams; the health
+// service is unary) until the server has its first state.
+func (s *Server) waitForFirstState(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if !s.Serving() {
+		s.log.Debug("xDS stream waits for the first state", "method", info.FullMethod)
+	}
+	select {
+	case <-s.serving:
+		return handler(srv, ss)
+	case <-ss.Context().Done():
+		return ss.Context().Err()
+	case <-s.stopped:
+		return errors.New("server stopped")
+	}
+}
+
+// Serving reports whether the server has its first state and answers xDS
+// requests.
+func (s *Server) Serving() bool {
+	select {
+	case <-s.serving:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -152,6 +200,7 @@ func (s *Server) Run(ctx context.Context, lis net.Listener, path string, opts ..
 // Stop closes the listeners and all streams. Clients reconnect elsewhere or
 // later and keep what they have meanwhile.
 func (s *Server) Stop() {
+	s.stopOnce.Do(func() { close(s.stopped) })
 	s.cancel()
 	s.grpc.Stop()
 }
@@ -167,6 +216,9 @@ func (s *Server) Resources() Resources {
 // current set (by proto.Equal) is updated or deleted, so unchanged resources
 // keep their versions and are not sent again. Set takes ownership of the
 // messages in res.
+//
+// The first Set must be the complete state: clients are answered from then
+// on (see NewServer).
 //
 // A type that is not a registered message type fails Set before anything
 // changes. An error from a cache (a resource that cannot be marshalled for a
@@ -219,6 +271,11 @@ func (s *Server) Set(res Resources) error {
 	}
 	s.current = next
 	s.log.Info("Resources applied", "total", next.Len(), "updated", updated, "deleted", deleted)
+	if !s.Serving() {
+		close(s.serving)
+		s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		s.log.Info("Serving xDS clients: the first state is applied")
+	}
 	return errors.Join(errs...)
 }
 
@@ -300,18 +357,28 @@ func (c *cacheLogger) Infof(f string, args ...any)  { c.l.Debug(fmt.Sprintf(f, a
 func (c *cacheLogger) Warnf(f string, args ...any)  { c.l.Warn(fmt.Sprintf(f, args...)) }
 func (c *cacheLogger) Errorf(f string, args ...any) { c.l.Error(fmt.Sprintf(f, args...)) }
 
-// callbacks log stream life and every ACK and NACK. Clients send their node
-// only in the first request of a stream, so it is remembered per stream.
+// callbacks log stream life and every ACK and NACK, and count them when
+// metrics is set. Clients send their node only in the first request of a
+// stream, so it is remembered per stream.
 type callbacks struct {
 	xdsserver.CallbackFuncs
-	log *slog.Logger
+	log     *slog.Logger
+	metrics *serverMetrics // nil: none
 
-	mu    sync.Mutex
-	nodes map[int64]*corev3.Node
+	mu      sync.Mutex
+	nodes   map[int64]*corev3.Node
+	streams map[string]int                    // open streams by node ID
+	sent    map[int64]map[string]sentResponse // last response by stream and type (Delta)
+	acked   map[[2]string]string              // version label by node and type
 }
 
+// sentResponse is the nonce and version of a response: a Delta ACK names
+// only the nonce.
+type sentResponse struct{ nonce, version string }
+
 func newCallbacks(logger *slog.Logger) *callbacks {
-	c := &callbacks{log: logger, nodes: map[int64]*corev3.Node{}}
+	c := &callbacks{log: logger, nodes: map[int64]*corev3.Node{}, streams: map[string]int{},
+		sent: map[int64]map[string]sentResponse{}, acked: map[[2]string]string{}}
 	c.StreamClosedFunc = c.closed
 	c.DeltaStreamClosedFunc = c.closed
 	c.StreamRequestFunc = func(id int64, req *discovery.DiscoveryRequest) error {
@@ -321,8 +388,22 @@ func newCallbacks(logger *slog.Logger) *callbacks {
 	}
 	c.StreamDeltaRequestFunc = func(id int64, req *discovery.DeltaDiscoveryRequest) error {
 		node := c.node(id, req.GetNode())
-		c.request(id, node, req.GetTypeUrl(), req.GetResponseNonce(), "", req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+		version := ""
+		c.mu.Lock()
+		if s := c.sent[id][req.GetTypeUrl()]; s.nonce != "" && s.nonce == req.GetResponseNonce() {
+			version = s.version
+		}
+		c.mu.Unlock()
+		c.request(id, node, req.GetTypeUrl(), req.GetResponseNonce(), version, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 		return nil
+	}
+	c.StreamDeltaResponseFunc = func(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.sent[id] == nil {
+			c.sent[id] = map[string]sentResponse{}
+		}
+		c.sent[id][resp.GetTypeUrl()] = sentResponse{resp.GetNonce(), resp.GetSystemVersionInfo()}
 	}
 	return c
 }
@@ -333,6 +414,10 @@ func (c *callbacks) node(id int64, n *corev3.Node) string {
 	if n != nil {
 		if _, known := c.nodes[id]; !known {
 			c.log.Info("xDS client connected", "node", n.GetId(), "cluster", n.GetCluster(), "stream", id)
+			c.streams[n.GetId()]++
+		} else if old := c.nodes[id].GetId(); old != n.GetId() {
+			c.streams[old]--
+			c.streams[n.GetId()]++
 		}
 		c.nodes[id] = n
 	}
@@ -343,9 +428,29 @@ func (c *callbacks) closed(id int64, _ *corev3.Node) {
 	c.mu.Lock()
 	n, known := c.nodes[id]
 	delete(c.nodes, id)
-	c.mu.Unlock()
+	delete(c.sent, id)
+	last := false
 	if known {
-		c.log.Info("xDS client disconnected", "node", n.GetId(), "stream", id)
+		c.streams[n.GetId()]--
+		if last = c.streams[n.GetId()] <= 0; last {
+			delete(c.streams, n.GetId())
+			for k := range c.acked {
+				if k[0] == n.GetId() {
+					delete(c.acked, k)
+				}
+			}
+		}
+	}
+	c.mu.Unlock()
+	if !known {
+		return
+	}
+	c.log.Info("xDS client disconnected", "node", n.GetId(), "stream", id)
+	if last && c.metrics != nil {
+		gone := prometheus.Labels{"node": n.GetId()}
+		c.metrics.acks.DeletePartialMatch(gone)
+		c.metrics.nacks.DeletePartialMatch(gone)
+		c.metrics.version.DeletePartialMatch(gone)
 	}
 }
 
@@ -354,10 +459,35 @@ func (c *callbacks) request(id int64, node, typeURL, nonce, version, detail stri
 	case nack:
 		c.log.Warn("xDS client rejected a response (NACK)",
 			"node", node, "type", typeURL, "nonce", nonce, "version", version, "error", detail, "stream", id)
+		if c.metrics != nil {
+			c.metrics.nacks.WithLabelValues(node, typeURL).Inc()
+		}
 	case nonce != "":
 		c.log.Debug("xDS client accepted a response (ACK)",
 			"node", node, "type", typeURL, "nonce", nonce, "version", version, "stream", id)
+		if c.metrics != nil {
+			c.metrics.acks.WithLabelValues(node, typeURL).Inc()
+			c.ackedVersion(node, typeURL, version)
+		}
 	default:
 		c.log.Debug("xDS client subscribed", "node", node, "type", typeURL, "stream", id)
 	}
+}
+
+// ackedVersion keeps one version series per node and type.
+func (c *callbacks) ackedVersion(node, typeURL, version string) {
+	if version == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := [2]string{node, typeURL}
+	if old, ok := c.acked[k]; ok {
+		if old == version {
+			return
+		}
+		c.metrics.version.DeleteLabelValues(node, typeURL, old)
+	}
+	c.acked[k] = version
+	c.metrics.version.WithLabelValues(node, typeURL, version).Set(1)
 }

@@ -48,6 +48,13 @@ type testEnv struct {
 // startServer serves over real gRPC with mTLS on 127.0.0.1.
 func startServer(t *testing.T) *testEnv {
 	t.Helper()
+	return startServerWith(t, Options{})
+}
+
+// startServerWith is startServer with opts (their TLS and Logger are the
+// test's).
+func startServerWith(t *testing.T, opts Options) *testEnv {
+	t.Helper()
 	dir := t.TempDir()
 	if err := devcerts.Write(dir, devcerts.Options{}); err != nil {
 		t.Fatal(err)
@@ -57,7 +64,8 @@ func startServer(t *testing.T) *testEnv {
 		t.Fatal(err)
 	}
 	logs := &syncBuffer{}
-	srv := NewServer(Options{TLS: tlsConf, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	opts.TLS, opts.Logger = tlsConf, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	srv := NewServer(opts)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -640,5 +648,44 @@ func TestServerVersionsDifferAfterRestart(t *testing.T) {
 	}
 	if versions[0] == "" || versions[0] == versions[1] {
 		t.Fatalf("versions of two servers: %q", versions)
+	}
+}
+
+// waitForLogs waits until the server's log has n lines with msg.
+func (e *testEnv) waitForLogs(t *testing.T, msg string, n int) {
+	t.Helper()
+	ctx := testContext(t)
+	for strings.Count(e.logs.String(), msg) < n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("not %d %q in the log:\n%s", n, msg, e.logs.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// A client that subscribes before the server has its first state gets no
+// response until it has: an empty first response would make it remove
+// everything it holds (the first response of a stream is the full state).
+func TestServerAnswersOnlyWithItsFirstState(t *testing.T) {
+	env := startServer(t)
+	cfp := cfpResources(t)
+	sotw := env.sotw(t, map[string][]string{resource.ClusterType: nil})
+	delta := env.delta(t, map[string][]string{resource.ClusterType: {"*"}})
+	env.waitForLogs(t, "xDS stream waits for the first state", 2)
+	if env.srv.Serving() {
+		t.Fatal("serving before the first Set")
+	}
+	if err := env.srv.Set(cfp); err != nil {
+		t.Fatal(err)
+	}
+	if !env.srv.Serving() {
+		t.Fatal("not serving after the first Set")
+	}
+	if resp, msgs := sotw.recv(); len(msgs) != 1 {
+		t.Errorf("SotW: first response (version %q) has %d clusters, want the first state's 1", resp.GetVersionInfo(), len(msgs))
+	}
+	if resp := delta.recv(); len(resp.GetResources()) != 1 {
+		t.Errorf("Delta: first response has %d clusters, want the first state's 1", len(resp.GetResources()))
 	}
 }

@@ -5,6 +5,7 @@ package kubesource
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,12 +37,17 @@ type holder struct {
 // (oldest first), so that an object keeps its address when a newer one
 // wants the same.
 type allocator struct {
-	pools Pools
-	used  map[netip.Addr][]*holder
+	pools    Pools
+	keepHeld bool // see Config.KeepHeldAddresses
+	used     map[netip.Addr][]*holder
+	// shared are the addresses held under each sharing key, in the order
+	// taken: a key's holder is found without walking the pools (an IPv6
+	// pool has more addresses than can be walked).
+	shared map[string][]netip.Addr
 }
 
 func newAllocator(pools Pools) *allocator {
-	return &allocator{pools: pools, used: map[netip.Addr][]*holder{}}
+	return &allocator{pools: pools, used: map[netip.Addr][]*holder{}, shared: map[string][]netip.Addr{}}
 }
 
 // conflict says why h may not use a, or "" when it may: a is free, or all
@@ -71,6 +77,9 @@ func (al *allocator) take(a netip.Addr, h *holder) {
 		}
 	}
 	al.used[a] = append(al.used[a], h)
+	if h.sharingKey != "" && !slices.Contains(al.shared[h.sharingKey], a) {
+		al.shared[h.sharingKey] = append(al.shared[h.sharingKey], a)
+	}
 }
 
 // addrError is why an object has no address (a condition reason and a
@@ -95,6 +104,18 @@ func (al *allocator) request(a netip.Addr, h *holder, pool string) *addrError {
 	return nil
 }
 
+// hold checks an address an object holds (its status says so).
+func (al *allocator) hold(a netip.Addr, h *holder, pool string) *addrError {
+	if !al.keepHeld {
+		return al.request(a, h, pool)
+	}
+	if why := al.conflict(a, h); why != "" {
+		return &addrError{ReasonAddressInUse, why}
+	}
+	al.take(a, h)
+	return nil
+}
+
 // allocate finds a free address of the family for h.
 func (al *allocator) allocate(v4 bool, h *holder, pool string) (netip.Addr, *addrError) {
 	pools := al.pools
@@ -109,13 +130,12 @@ func (al *allocator) allocate(v4 bool, h *holder, pool string) (netip.Addr, *add
 	// An address shared under h's key first, so that sharing Services end
 	// up on one address.
 	if h.sharingKey != "" {
-		pools.each(v4, func(a netip.Addr) bool {
-			if len(al.used[a]) > 0 && al.conflict(a, h) == "" {
+		for _, a := range al.shared[h.sharingKey] {
+			if _, ok := pools.find(a); ok && a.Is4() == v4 && al.conflict(a, h) == "" {
 				got = a
-				return false
+				break
 			}
-			return true
-		})
+		}
 	}
 	if !got.IsValid() {
 		pools.each(v4, func(a netip.Addr) bool {

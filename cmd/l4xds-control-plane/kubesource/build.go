@@ -36,6 +36,7 @@ func Build(cfg Config, st State) Outcome {
 	cfg = cfg.withDefaults()
 	out := Outcome{Resources: controlplane.Resources{}, Services: map[types.NamespacedName]ServiceOutcome{}}
 	al := newAllocator(cfg.Pools)
+	al.keepHeld = cfg.KeepHeldAddresses
 
 	var svcs []*corev1.Service
 	for _, s := range st.Services {
@@ -44,16 +45,40 @@ func Build(cfg Config, st State) Outcome {
 		}
 	}
 	slices.SortFunc(svcs, func(a, b *corev1.Service) int { return byAge(a, b) })
+	// Addresses in rounds, each over all Services then all Gateways, oldest
+	// first: every address held is kept before any is asked for or given
+	// out, so that nothing takes an address another object holds.
+	svcWork := planServices(svcs)
+	gwWork := planGateways(cfg.ourGateways(st.Gateway))
+	for _, w := range svcWork {
+		w.keepHeld(al)
+	}
+	for _, w := range gwWork {
+		w.keepHeld(al)
+	}
+	for _, w := range svcWork {
+		w.takeRequested(al)
+	}
+	for _, w := range gwWork {
+		w.takeRequested(al)
+	}
+	for _, w := range svcWork {
+		w.takeNew(al)
+	}
+	for _, w := range gwWork {
+		w.takeNew(al)
+	}
+
 	idx := indexSlices(st.EndpointSlices)
 	var clusters []*l4Cluster
-	for _, w := range assignServiceAddrs(al, svcs) {
+	for _, w := range svcWork {
 		cl, so := cfg.translateService(w, idx, st.Nodes)
 		out.Services[types.NamespacedName{Namespace: w.svc.Namespace, Name: w.svc.Name}] = so
 		if cl != nil {
 			clusters = append(clusters, cl)
 		}
 	}
-	gwClusters, gwOut := cfg.translateGateways(al, st.Gateway, st.Services, idx)
+	gwClusters, gwOut := cfg.translateGateways(gwWork, st.Gateway, st.Services, idx)
 	out.Gateway = gwOut
 	clusters = append(clusters, gwClusters...)
 

@@ -12,8 +12,10 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
 
 func TestParsePool(t *testing.T) {
@@ -173,4 +175,131 @@ func TestAddressHeldIsNotTakenAway(t *testing.T) {
 
 func nn(name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: "default", Name: name}
+}
+
+// The addresses Services and Gateways hold are all kept before any is
+// given out: a new or requesting object, Service or Gateway, never takes
+// an address another holds, whatever the order they are handled in.
+func TestHeldAddressesAreKeptBeforeAnyAllocation(t *testing.T) {
+	old, young := metav1.NewTime(time.Unix(1000, 0)), metav1.NewTime(time.Unix(2000, 0))
+	svc := func(name string, created metav1.Time, requested, held string) *corev1.Service {
+		s := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", CreationTimestamp: created, Annotations: map[string]string{}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: new(DefaultLoadBalancerClass),
+				Ports: []corev1.ServicePort{{Port: 53, Protocol: corev1.ProtocolUDP}}},
+		}
+		if requested != "" {
+			s.Annotations[AnnotationAddresses] = requested
+		}
+		if held != "" {
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: held}}
+		}
+		return s
+	}
+	gw := func(name string, created metav1.Time, requested, held string) *gatewayv1.Gateway {
+		g := &gatewayv1.Gateway{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", CreationTimestamp: created},
+			Spec: gatewayv1.GatewaySpec{GatewayClassName: "l4xds", Listeners: []gatewayv1.Listener{
+				{Name: "dns", Port: 53, Protocol: gatewayv1.UDPProtocolType},
+			}},
+		}
+		if requested != "" {
+			g.Spec.Addresses = []gatewayv1.GatewaySpecAddress{{Type: new(gatewayv1.IPAddressType), Value: requested}}
+		}
+		if held != "" {
+			g.Status.Addresses = []gatewayv1.GatewayStatusAddress{{Type: new(gatewayv1.IPAddressType), Value: held}}
+		}
+		return g
+	}
+	class := &gatewayv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "l4xds"}, Spec: gatewayv1.GatewayClassSpec{ControllerName: DefaultControllerName}}
+	pool, _ := ParsePool("lan=10.0.0.1-10.0.0.4")
+	tests := []struct {
+		name string
+		st   State
+		want map[string]string // object: its address, or its condition's reason
+	}{{
+		name: "a new Service, a Gateway holding the first address",
+		st: State{Services: []*corev1.Service{svc("new", young, "", "")},
+			Gateway: GatewayState{Gateways: []*gatewayv1.Gateway{gw("holder", old, "", "10.0.0.1")}}},
+		want: map[string]string{"Service new": "10.0.0.2", "Gateway holder": "10.0.0.1"},
+	}, {
+		name: "a Service asking for the address a Gateway holds",
+		st: State{Services: []*corev1.Service{svc("asks", old, "10.0.0.1", "")},
+			Gateway: GatewayState{Gateways: []*gatewayv1.Gateway{gw("holder", young, "", "10.0.0.1")}}},
+		want: map[string]string{"Service asks": ReasonAddressInUse, "Gateway holder": "10.0.0.1"},
+	}, {
+		name: "an older new Gateway, a younger one holding the first address",
+		st:   State{Gateway: GatewayState{Gateways: []*gatewayv1.Gateway{gw("new", old, "", ""), gw("holder", young, "", "10.0.0.1")}}},
+		want: map[string]string{"Gateway new": "10.0.0.2", "Gateway holder": "10.0.0.1"},
+	}, {
+		name: "an older Gateway asking for the address a younger one holds",
+		st:   State{Gateway: GatewayState{Gateways: []*gatewayv1.Gateway{gw("asks", old, "10.0.0.1", ""), gw("holder", young, "", "10.0.0.1")}}},
+		want: map[string]string{"Gateway asks": string(gatewayv1.GatewayReasonAddressNotUsable), "Gateway holder": "10.0.0.1"},
+	}, {
+		name: "a new Gateway, a Service holding the first address",
+		st: State{Services: []*corev1.Service{svc("holder", young, "", "10.0.0.1")},
+			Gateway: GatewayState{Gateways: []*gatewayv1.Gateway{gw("new", old, "", "")}}},
+		want: map[string]string{"Gateway new": "10.0.0.2", "Service holder": "10.0.0.1"},
+	}}
+	for _, tt := range tests {
+		tt.st.Gateway.Classes = []*gatewayv1.GatewayClass{class}
+		out := Build(Config{Pools: Pools{pool}}, tt.st)
+		for obj, want := range tt.want {
+			kind, name, _ := strings.Cut(obj, " ")
+			var got string
+			switch kind {
+			case "Service":
+				so := out.Services[nn(name)]
+				if ing := so.Status.LoadBalancer.Ingress; len(ing) > 0 {
+					got = ing[0].IP
+				} else if c := meta.FindStatusCondition(so.Status.Conditions, ConditionAddress); c != nil {
+					got = c.Reason
+				}
+			case "Gateway":
+				gs := out.Gateway.Gateways[nn(name)]
+				if len(gs.Addresses) > 0 {
+					got = gs.Addresses[0].Value
+				} else if c := meta.FindStatusCondition(gs.Conditions, string(gatewayv1.GatewayConditionProgrammed)); c != nil {
+					got = c.Reason
+				}
+			}
+			if got != want {
+				t.Errorf("%s: %s has %s, want %s", tt.name, obj, got, want)
+			}
+		}
+	}
+}
+
+// A sharing key is found by an index, not by walking the pools: the first
+// Service of a key in an IPv6 /64 pool would walk 2^64 addresses.
+func TestSharingKeyInAHugePool(t *testing.T) {
+	at := metav1.NewTime(time.Unix(1000, 0))
+	svc := func(name string, proto corev1.Protocol) *corev1.Service {
+		return &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", CreationTimestamp: at, Annotations: map[string]string{AnnotationSharingKey: "dns"}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: new(DefaultLoadBalancerClass),
+				IPFamilies: []corev1.IPFamily{corev1.IPv6Protocol},
+				Ports:      []corev1.ServicePort{{Port: 53, Protocol: proto}}},
+		}
+	}
+	other := svc("other", corev1.ProtocolUDP)
+	other.Annotations[AnnotationSharingKey] = "other"
+	pool, _ := ParsePool("v6=2001:db8::/64")
+	built := make(chan Outcome, 1)
+	go func() {
+		built <- Build(Config{Pools: Pools{pool}}, State{Services: []*corev1.Service{
+			svc("dns-udp", corev1.ProtocolUDP), svc("dns-tcp", corev1.ProtocolTCP), other,
+		}})
+	}()
+	var out Outcome
+	select {
+	case out = <-built:
+	case <-time.After(30 * time.Second): // it either returns at once or walks the pool for ages
+		t.Fatal("Build did not return: it walks the pool for the sharing key")
+	}
+	for name, want := range map[string]string{"dns-udp": "2001:db8::", "dns-tcp": "2001:db8::", "other": "2001:db8::1"} {
+		if ing := out.Services[nn(name)].Status.LoadBalancer.Ingress; len(ing) != 1 || ing[0].IP != want {
+			t.Errorf("%s: %v, want %s", name, ing, want)
+		}
+	}
 }

@@ -58,6 +58,10 @@ type Config struct {
 	BackendMode BackendMode
 	// Pools are the addresses to give out.
 	Pools Pools
+	// KeepHeldAddresses keeps the addresses objects hold though no pool
+	// has them: set while some pools are not known (their ConfigMap does
+	// not parse), so that no object loses or changes its address meanwhile.
+	KeepHeldAddresses bool
 }
 
 func (c Config) withDefaults() Config {

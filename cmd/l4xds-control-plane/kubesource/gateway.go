@@ -100,7 +100,116 @@ func cond(t string, ok bool, reason, msg string, gen int64) metav1.Condition {
 	return metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen}
 }
 
-func (c Config) translateGateways(al *allocator, st GatewayState, svcs []*corev1.Service, idx endpointIndex) ([]*l4Cluster, GatewayOutcome) {
+// ourGateways are the Gateways of this controller's classes, oldest first.
+func (c Config) ourGateways(st GatewayState) []*gatewayv1.Gateway {
+	ours := map[string]bool{}
+	for _, gc := range st.Classes {
+		if string(gc.Spec.ControllerName) == c.ControllerName {
+			ours[gc.Name] = true
+		}
+	}
+	var gws []*gatewayv1.Gateway
+	for _, g := range st.Gateways {
+		if ours[string(g.Spec.GatewayClassName)] {
+			gws = append(gws, g)
+		}
+	}
+	slices.SortFunc(gws, func(a, b *gatewayv1.Gateway) int { return byAge(a, b) })
+	return gws
+}
+
+// gatewayWork is a Gateway's addresses: those it asks for
+// (spec.addresses), else those it holds (its status) or one new IPv4.
+type gatewayWork struct {
+	gw        *gatewayv1.Gateway
+	h         *holder
+	pool      string
+	requested []netip.Addr
+	addrs     []netip.Addr
+	err       *addrError
+}
+
+func planGateways(gws []*gatewayv1.Gateway) []*gatewayWork {
+	var work []*gatewayWork
+	for _, g := range gws {
+		w := &gatewayWork{gw: g, pool: g.Annotations[AnnotationPool], h: &holder{owner: "Gateway " + g.Namespace + "/" + g.Name, ports: map[portKey]bool{}}}
+		for _, l := range g.Spec.Listeners {
+			if p, ok := listenerProtocol(l.Protocol); ok {
+				w.h.ports[portKey{int32(l.Port), p}] = true
+			}
+		}
+		for _, a := range g.Spec.Addresses {
+			if a.Type != nil && *a.Type != gatewayv1.IPAddressType {
+				w.err = &addrError{string(gatewayv1.GatewayReasonUnsupportedAddress), fmt.Sprintf("address type %q is not supported: only IPAddress", *a.Type)}
+				continue
+			}
+			ip, err := netip.ParseAddr(a.Value)
+			if err != nil {
+				w.err = &addrError{string(gatewayv1.GatewayReasonUnsupportedAddress), fmt.Sprintf("%q is not an IP address", a.Value)}
+				continue
+			}
+			w.requested = append(w.requested, ip.Unmap())
+		}
+		work = append(work, w)
+	}
+	return work
+}
+
+// keepHeld is the first round: the addresses the Gateway holds (its
+// status) and still wants.
+func (w *gatewayWork) keepHeld(al *allocator) {
+	if w.err != nil {
+		return
+	}
+	for _, a := range w.gw.Status.Addresses {
+		ip, err := netip.ParseAddr(a.Value)
+		if err != nil {
+			continue
+		}
+		ip = ip.Unmap()
+		if len(w.requested) > 0 && !slices.Contains(w.requested, ip) {
+			continue
+		}
+		if !slices.Contains(w.addrs, ip) && al.hold(ip, w.h, w.pool) == nil {
+			w.addrs = append(w.addrs, ip)
+		}
+	}
+}
+
+// takeRequested is the second round: the addresses asked for, in the
+// order asked.
+func (w *gatewayWork) takeRequested(al *allocator) {
+	if w.err != nil || len(w.requested) == 0 {
+		return
+	}
+	var addrs []netip.Addr
+	for _, a := range w.requested {
+		if slices.Contains(w.addrs, a) {
+			addrs = append(addrs, a)
+		} else if err := al.request(a, w.h, w.pool); err != nil {
+			w.err = err
+		} else {
+			addrs = append(addrs, a)
+		}
+	}
+	w.addrs = addrs
+}
+
+// takeNew is the last round: a new IPv4 address for a Gateway that asks
+// for none and holds none.
+func (w *gatewayWork) takeNew(al *allocator) {
+	if w.err != nil || len(w.requested) > 0 || len(w.addrs) > 0 {
+		return
+	}
+	a, err := al.allocate(true, w.h, w.pool)
+	if err != nil {
+		w.err = err
+		return
+	}
+	w.addrs = append(w.addrs, a)
+}
+
+func (c Config) translateGateways(work []*gatewayWork, st GatewayState, svcs []*corev1.Service, idx endpointIndex) ([]*l4Cluster, GatewayOutcome) {
 	out := GatewayOutcome{
 		Classes:      map[string]gatewayv1.GatewayClassStatus{},
 		Gateways:     map[types.NamespacedName]gatewayv1.GatewayStatus{},
@@ -108,24 +217,14 @@ func (c Config) translateGateways(al *allocator, st GatewayState, svcs []*corev1
 		UDPRoutes:    map[types.NamespacedName][]gatewayv1.RouteParentStatus{},
 		GatewayEvent: map[types.NamespacedName][]Event{},
 	}
-	ourClasses := map[string]bool{}
 	for _, gc := range st.Classes {
 		if string(gc.Spec.ControllerName) != c.ControllerName {
 			continue
 		}
-		ourClasses[gc.Name] = true
 		s := *gc.Status.DeepCopy()
 		meta.SetStatusCondition(&s.Conditions, cond(string(gatewayv1.GatewayClassConditionStatusAccepted), true, string(gatewayv1.GatewayClassReasonAccepted), "handled by l4xds", gc.Generation))
 		out.Classes[gc.Name] = s
 	}
-
-	var gws []*gatewayv1.Gateway
-	for _, g := range st.Gateways {
-		if ourClasses[string(g.Spec.GatewayClassName)] {
-			gws = append(gws, g)
-		}
-	}
-	slices.SortFunc(gws, func(a, b *gatewayv1.Gateway) int { return byAge(a, b) })
 
 	svcByName := map[types.NamespacedName]*corev1.Service{}
 	for _, s := range svcs {
@@ -133,55 +232,15 @@ func (c Config) translateGateways(al *allocator, st GatewayState, svcs []*corev1
 	}
 
 	// Listeners by Gateway, with their addresses.
+	var gws []*gatewayv1.Gateway
 	listeners := map[types.NamespacedName][]*listenerWork{}
 	addrs := map[types.NamespacedName][]netip.Addr{}
 	addrErr := map[types.NamespacedName]*addrError{}
-	for _, g := range gws {
+	for _, w := range work {
+		g := w.gw
+		gws = append(gws, g)
 		k := types.NamespacedName{Namespace: g.Namespace, Name: g.Name}
-		h := &holder{owner: "Gateway " + k.String(), ports: map[portKey]bool{}}
-		for _, l := range g.Spec.Listeners {
-			if p, ok := listenerProtocol(l.Protocol); ok {
-				h.ports[portKey{int32(l.Port), p}] = true
-			}
-		}
-		pool := g.Annotations[AnnotationPool]
-		var requested []netip.Addr
-		for _, a := range g.Spec.Addresses {
-			if a.Type != nil && *a.Type != gatewayv1.IPAddressType {
-				addrErr[k] = &addrError{string(gatewayv1.GatewayReasonUnsupportedAddress), fmt.Sprintf("address type %q is not supported: only IPAddress", *a.Type)}
-				continue
-			}
-			ip, err := netip.ParseAddr(a.Value)
-			if err != nil {
-				addrErr[k] = &addrError{string(gatewayv1.GatewayReasonUnsupportedAddress), fmt.Sprintf("%q is not an IP address", a.Value)}
-				continue
-			}
-			requested = append(requested, ip.Unmap())
-		}
-		if addrErr[k] == nil {
-			if len(requested) == 0 {
-				for _, a := range g.Status.Addresses {
-					if ip, err := netip.ParseAddr(a.Value); err == nil && al.request(ip.Unmap(), h, pool) == nil {
-						addrs[k] = append(addrs[k], ip.Unmap())
-					}
-				}
-				if len(addrs[k]) == 0 {
-					a, err := al.allocate(true, h, pool)
-					if err != nil {
-						addrErr[k] = err
-					} else {
-						addrs[k] = append(addrs[k], a)
-					}
-				}
-			}
-			for _, a := range requested {
-				if err := al.request(a, h, pool); err != nil {
-					addrErr[k] = err
-				} else {
-					addrs[k] = append(addrs[k], a)
-				}
-			}
-		}
+		addrs[k], addrErr[k] = w.addrs, w.err
 		for _, l := range g.Spec.Listeners {
 			listeners[k] = append(listeners[k], &listenerWork{gw: g, l: l})
 		}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,10 +27,13 @@ import (
 )
 
 // installGatewayCRDs applies the experimental channel's CRDs that the
-// pinned sigs.k8s.io/gateway-api module ships, and waits until they are
-// served.
-func installGatewayCRDs(t *testing.T, api *apiServer) {
+// pinned sigs.k8s.io/gateway-api module ships (those of the resources
+// named; all the source uses when none), and waits until they are served.
+func installGatewayCRDs(t *testing.T, api *apiServer, resources ...string) {
 	t.Helper()
+	if len(resources) == 0 {
+		resources = []string{"gatewayclasses", "gateways", "tcproutes", "udproutes", "referencegrants"}
+	}
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api").Output()
 	if err != nil {
 		t.Fatalf("finding the gateway-api module: %v", err)
@@ -40,7 +44,7 @@ func installGatewayCRDs(t *testing.T, api *apiServer) {
 		t.Fatal(err)
 	}
 	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	for _, name := range []string{"gatewayclasses", "gateways", "tcproutes", "udproutes", "referencegrants"} {
+	for _, name := range resources {
 		data, err := os.ReadFile(filepath.Join(dir, "gateway.networking.k8s.io_"+name+".yaml"))
 		if err != nil {
 			t.Fatal(err)
@@ -62,7 +66,11 @@ func installGatewayCRDs(t *testing.T, api *apiServer) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		rl, err := kube.Discovery().ServerResourcesForGroupVersion("gateway.networking.k8s.io/v1")
-		if err == nil && len(rl.APIResources) >= 8 { // 4 kinds and their status
+		served := err == nil
+		for _, name := range resources {
+			served = served && (name == "referencegrants" || slices.ContainsFunc(rl.APIResources, func(r metav1.APIResource) bool { return r.Name == name }))
+		}
+		if served {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -210,4 +218,94 @@ func want(got, want string) string {
 		return fmt.Sprintf("got\n  %s\nwant\n  %s", got, want)
 	}
 	return ""
+}
+
+// A Gateway API CRD missing keeps the source from publishing (a partial
+// state would remove the routes of the missing kind from every client),
+// and it says which kind and why; the CRD installed, it publishes.
+func TestGatewayCRDMissingOnARealAPIServer(t *testing.T) {
+	api := startAPIServer(t)
+	installGatewayCRDs(t, api, "gatewayclasses", "gateways", "udproutes")
+	problems := make(chan error, 100)
+	e := startSource(t, api, kubesource.Options{
+		Config:  kubesource.Config{Pools: kubesource.Pools{mustPool(t, "gw=10.3.0.0/30")}},
+		Problem: func(err error) { problems <- err },
+	}, nil)
+	deadline := time.After(60 * time.Second)
+	reported := ""
+	for !strings.Contains(reported, "TCPRoutes (") || strings.Contains(reported, "TCPRoutes (not listed yet)") {
+		select {
+		case err := <-problems:
+			reported = fmt.Sprint(err)
+		case <-deadline:
+			t.Fatalf("no problem reported for TCPRoutes (last: %q)", reported)
+		}
+	}
+	if e.srv.Serving() {
+		t.Fatal("published without TCPRoutes")
+	}
+	t.Log("reported:", reported)
+	installGatewayCRDs(t, api, "tcproutes")
+	for {
+		select {
+		case err := <-problems:
+			if err == nil {
+				if !e.srv.Serving() {
+					t.Fatal("no problem left, nothing published")
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatal("still not published once the CRD is installed")
+		}
+	}
+}
+
+// A Service created after a Gateway got its address gets another one: the
+// Gateway's is kept before any Service is given one, and it does not move.
+func TestGatewayKeepsItsAddressOnARealAPIServer(t *testing.T) {
+	api := startAPIServer(t)
+	installGatewayCRDs(t, api)
+	e := startSource(t, api, kubesource.Options{Config: kubesource.Config{Pools: kubesource.Pools{mustPool(t, "shared=10.3.0.0/31")}}}, nil)
+	gw, err := gwclient.NewForConfig(api.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := gw.GatewayV1()
+	if _, err := g.GatewayClasses().Create(e.ctx, &gatewayv1.GatewayClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "l4xds"},
+		Spec:       gatewayv1.GatewayClassSpec{ControllerName: kubesource.DefaultControllerName},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Gateways("default").Create(e.ctx, &gatewayv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: "default"},
+		Spec: gatewayv1.GatewaySpec{GatewayClassName: "l4xds", Listeners: []gatewayv1.Listener{
+			{Name: "dns", Port: 53, Protocol: gatewayv1.UDPProtocolType},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gatewayAddrs := func() string {
+		gwy, err := g.Gateways("default").Get(e.ctx, "edge", metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		var addrs []string
+		for _, a := range gwy.Status.Addresses {
+			addrs = append(addrs, a.Value)
+		}
+		return fmt.Sprint(addrs)
+	}
+	e.eventually("Gateway address", func() string { return want(gatewayAddrs(), "[10.3.0.0]") })
+
+	e.create(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "late", Namespace: "default"}, Spec: corev1.ServiceSpec{
+		Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: new(kubesource.DefaultLoadBalancerClass),
+		Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolTCP}},
+	}})
+	e.expectStatus("late", "10.3.0.1(VIP)[53/TCP]", nil)
+	e.expectServed("gateway/default/edge/dns", "frontends 10.3.0.0:53/UDP backends []")
+	if got := gatewayAddrs(); got != "[10.3.0.0]" {
+		t.Errorf("the Gateway moved to %s", got)
+	}
 }

@@ -75,8 +75,18 @@ type serviceWork struct {
 	svc   *corev1.Service
 	h     *holder
 	pool  string
+	wants []*addrWant
 	addrs []netip.Addr
 	errs  []addrError
+}
+
+// addrWant is one address a Service wants: of a family, maybe a specific
+// one (asked for or held).
+type addrWant struct {
+	fam      corev1.IPFamily
+	addr     netip.Addr // the address asked for or held; invalid: any
+	explicit bool
+	done     bool
 }
 
 func familyOf(a netip.Addr) corev1.IPFamily {
@@ -86,19 +96,9 @@ func familyOf(a netip.Addr) corev1.IPFamily {
 	return corev1.IPv6Protocol
 }
 
-// assignServiceAddrs gives the Services their addresses in three rounds,
-// oldest first in each: the addresses they hold (their status) and still
-// want, then the addresses they ask for, then new ones. An address held is
-// never taken away by a newer request.
-func assignServiceAddrs(al *allocator, svcs []*corev1.Service) []*serviceWork {
-	type want struct {
-		fam      corev1.IPFamily
-		addr     netip.Addr // the address asked for or held; invalid: any
-		explicit bool
-		done     bool
-	}
+// planServices reads what addresses each Service wants, oldest first.
+func planServices(svcs []*corev1.Service) []*serviceWork {
 	var work []*serviceWork
-	wants := map[*serviceWork][]*want{}
 	for _, s := range svcs {
 		w := &serviceWork{svc: s, pool: s.Annotations[AnnotationPool], h: &holder{
 			owner:      "Service " + s.Namespace + "/" + s.Name,
@@ -133,7 +133,7 @@ func assignServiceAddrs(al *allocator, svcs []*corev1.Service) []*serviceWork {
 			}
 		}
 		for i, fam := range families {
-			wt := &want{fam: fam, addr: current[fam]}
+			wt := &addrWant{fam: fam, addr: current[fam]}
 			for _, a := range req {
 				if familyOf(a) == fam {
 					wt.addr, wt.explicit = a, true
@@ -142,57 +142,61 @@ func assignServiceAddrs(al *allocator, svcs []*corev1.Service) []*serviceWork {
 			if !wt.explicit && len(req) > 0 && i > 0 {
 				continue // specific addresses asked for, none of this optional family
 			}
-			wants[w] = append(wants[w], wt)
+			w.wants = append(w.wants, wt)
 		}
-	}
-	// Round 1: what each holds and still wants.
-	for _, w := range work {
-		for _, wt := range wants[w] {
-			cur := false
-			for _, in := range w.svc.Status.LoadBalancer.Ingress {
-				cur = cur || in.IP == wt.addr.String()
-			}
-			if wt.addr.IsValid() && cur && al.request(wt.addr, w.h, w.pool) == nil {
-				w.addrs = append(w.addrs, wt.addr)
-				wt.done = true
-			}
-		}
-	}
-	// Round 2: the addresses asked for.
-	for _, w := range work {
-		for _, wt := range wants[w] {
-			if wt.done || !wt.explicit {
-				continue
-			}
-			wt.done = true
-			if aerr := al.request(wt.addr, w.h, w.pool); aerr != nil {
-				w.errs = append(w.errs, *aerr)
-				continue
-			}
-			w.addrs = append(w.addrs, wt.addr)
-		}
-	}
-	// Round 3: new addresses.
-	for _, w := range work {
-		for i, wt := range wants[w] {
-			if wt.done {
-				continue
-			}
-			a, aerr := al.allocate(wt.fam == corev1.IPv4Protocol, w.h, w.pool)
-			if aerr != nil {
-				optional := i > 0 || len(w.addrs) > 0
-				prefer := w.svc.Spec.IPFamilyPolicy == nil || *w.svc.Spec.IPFamilyPolicy != corev1.IPFamilyPolicyRequireDualStack
-				if optional && prefer && aerr.Reason == ReasonPoolExhausted && !al.hasFamily(wt.fam == corev1.IPv4Protocol) {
-					continue // PreferDualStack without a pool of that family
-				}
-				w.errs = append(w.errs, *aerr)
-				continue
-			}
-			w.addrs = append(w.addrs, a)
-		}
-		slices.SortFunc(w.addrs, func(a, b netip.Addr) int { return a.Compare(b) })
 	}
 	return work
+}
+
+// keepHeld is the first round: the addresses the Service holds (its
+// status) and still wants.
+func (w *serviceWork) keepHeld(al *allocator) {
+	for _, wt := range w.wants {
+		cur := false
+		for _, in := range w.svc.Status.LoadBalancer.Ingress {
+			cur = cur || in.IP == wt.addr.String()
+		}
+		if wt.addr.IsValid() && cur && al.hold(wt.addr, w.h, w.pool) == nil {
+			w.addrs = append(w.addrs, wt.addr)
+			wt.done = true
+		}
+	}
+}
+
+// takeRequested is the second round: the addresses asked for.
+func (w *serviceWork) takeRequested(al *allocator) {
+	for _, wt := range w.wants {
+		if wt.done || !wt.explicit {
+			continue
+		}
+		wt.done = true
+		if aerr := al.request(wt.addr, w.h, w.pool); aerr != nil {
+			w.errs = append(w.errs, *aerr)
+			continue
+		}
+		w.addrs = append(w.addrs, wt.addr)
+	}
+}
+
+// takeNew is the last round: new addresses for what is still wanted.
+func (w *serviceWork) takeNew(al *allocator) {
+	for i, wt := range w.wants {
+		if wt.done {
+			continue
+		}
+		a, aerr := al.allocate(wt.fam == corev1.IPv4Protocol, w.h, w.pool)
+		if aerr != nil {
+			optional := i > 0 || len(w.addrs) > 0
+			prefer := w.svc.Spec.IPFamilyPolicy == nil || *w.svc.Spec.IPFamilyPolicy != corev1.IPFamilyPolicyRequireDualStack
+			if optional && prefer && aerr.Reason == ReasonPoolExhausted && !al.hasFamily(wt.fam == corev1.IPv4Protocol) {
+				continue // PreferDualStack without a pool of that family
+			}
+			w.errs = append(w.errs, *aerr)
+			continue
+		}
+		w.addrs = append(w.addrs, a)
+	}
+	slices.SortFunc(w.addrs, func(a, b netip.Addr) int { return a.Compare(b) })
 }
 
 func (al *allocator) hasFamily(v4 bool) bool {

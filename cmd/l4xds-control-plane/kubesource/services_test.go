@@ -4,6 +4,7 @@ package kubesource_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -213,4 +214,79 @@ func readyCondition(ready bool) corev1.NodeCondition {
 		s = corev1.ConditionTrue
 	}
 	return corev1.NodeCondition{Type: corev1.NodeReady, Status: s, Reason: "Test", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}
+}
+
+// The first Service of a sharing key in an IPv6 /64 pool gets its address:
+// the key's holder is found by an index, not by walking 2^64 addresses.
+func TestSharingKeyInAnIPv6PoolOnARealAPIServer(t *testing.T) {
+	api := startAPIServer(t)
+	e := startSource(t, api, kubesource.Options{Config: kubesource.Config{Pools: kubesource.Pools{mustPool(t, "v6=fd00:3::/64")}}}, nil)
+	for _, p := range []port{{"dns", 53, corev1.ProtocolUDP}, {"dns-tcp", 53, corev1.ProtocolTCP}} {
+		s := lbService(p.name, p)
+		s.Annotations[kubesource.AnnotationSharingKey] = "dns"
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+		s.Spec.IPFamilyPolicy = new(corev1.IPFamilyPolicySingleStack)
+		e.create(s)
+		e.expectStatus(p.name, fmt.Sprintf("fd00:3::(VIP)[53/%s]", p.proto), nil)
+	}
+}
+
+// A pools ConfigMap that does not parse when the source starts: the
+// cluster is served from the flags' pools, a Service keeps the address it
+// holds from the ConfigMap's pools, the error is an Event on the ConfigMap
+// and a problem reported; fixed, the problem is gone.
+func TestBadPoolsConfigMapOnARealAPIServer(t *testing.T) {
+	api := startAPIServer(t)
+	kube := mustKube(t, api)
+	ctx := t.Context()
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pools", Namespace: "default"},
+		Data: map[string]string{"lan": "10.1.0.0/24", "typo": "10.2.0.0/33"}}
+	if _, err := kube.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := kube.CoreV1().Services("default").Create(ctx, lbService("holder", port{"dns", 53, corev1.ProtocolUDP}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "10.1.0.5"}}
+	if _, err := kube.CoreV1().Services("default").UpdateStatus(ctx, holder, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	problems := make(chan error, 100)
+	e := startSource(t, api, kubesource.Options{
+		Config:         kubesource.Config{Pools: kubesource.Pools{mustPool(t, "flags=10.0.0.1-10.0.0.2")}},
+		PoolsConfigMap: "default/pools",
+		Problem:        func(err error) { problems <- err },
+	}, nil)
+	e.create(lbService("new", port{"dns", 53, corev1.ProtocolUDP}))
+	e.expectStatus("new", "10.0.0.1(VIP)[53/UDP]", nil)
+	e.expectStatus("holder", "10.1.0.5(VIP)[53/UDP]", nil)
+	e.expectEvent("pools", "InvalidAddressPools", `pool "typo"`)
+	last := func() string {
+		var s string
+		for len(problems) > 0 {
+			s = fmt.Sprint(<-problems)
+		}
+		return s
+	}
+	var reported string
+	e.eventually("problem reported", func() string {
+		if s := last(); s != "" {
+			reported = s
+		}
+		return want(fmt.Sprint(strings.Contains(reported, "address pools ConfigMap default/pools")), "true")
+	})
+
+	cm.Data = map[string]string{"lan": "10.1.0.0/24"}
+	if _, err := kube.CoreV1().ConfigMaps("default").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("problem cleared", func() string {
+		if s := last(); s != "" {
+			reported = s
+		}
+		return want(reported, "<nil>")
+	})
+	e.expectStatus("holder", "10.1.0.5(VIP)[53/UDP]", nil)
 }

@@ -10,10 +10,12 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -44,6 +46,11 @@ type Options struct {
 	PoolsConfigMap string
 	// Publish receives the resources on every change that alters them.
 	Publish func(controlplane.Resources) ([]controlplane.Conflict, error)
+	// Problem, when set, receives why the source does not publish the
+	// cluster's complete state (the API server does not answer, a kind of
+	// object cannot be listed, the pools ConfigMap is invalid), and nil
+	// once it does.
+	Problem func(error)
 	Logger  *slog.Logger
 }
 
@@ -53,8 +60,10 @@ type Source struct {
 	opts Options
 	log  *slog.Logger
 	kube kubernetes.Interface
-	gw   gwclient.Interface // nil when the cluster has no Gateway API
+	gw   gwclient.Interface // nil when the cluster has no Gateway API (known in Run)
 	rec  record.EventRecorder
+
+	problem string // last reported
 }
 
 // RESTConfig is the configuration of kubeconfig, or the in-cluster one
@@ -74,8 +83,7 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// New connects to the API server of cfg. The Gateway API is used when the
-// server serves its group.
+// New makes the clients of the API server of cfg; it does not contact it.
 func New(cfg *rest.Config, opts Options) (*Source, error) {
 	opts.Config = opts.Config.withDefaults()
 	if opts.Logger == nil {
@@ -85,21 +93,134 @@ func New(cfg *rest.Config, opts Options) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	s := &Source{opts: opts, log: opts.Logger, kube: kube}
-	if _, err := kube.Discovery().ServerResourcesForGroupVersion("gateway.networking.k8s.io/v1"); err == nil {
-		if s.gw, err = gwclient.NewForConfig(cfg); err != nil {
-			return nil, fmt.Errorf("gateway API client: %w", err)
-		}
-	} else {
-		s.log.Info("The cluster serves no Gateway API (gateway.networking.k8s.io/v1): serving Services only", "error", err)
+	gw, err := gwclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("gateway API client: %w", err)
 	}
-	return s, nil
+	return &Source{opts: opts, log: opts.Logger, kube: kube, gw: gw}, nil
+}
+
+// report logs a problem when it changes and passes it to Options.Problem.
+func (s *Source) report(err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	if msg == s.problem {
+		return
+	}
+	s.problem = msg
+	if err != nil {
+		s.log.Warn("Kubernetes state not served yet", "reason", msg)
+	}
+	if s.opts.Problem != nil {
+		s.opts.Problem(err)
+	}
+}
+
+// gatewayAPIServed asks the API server whether it serves the Gateway API.
+// Only a "not found" is a no: a server that does not answer is asked again,
+// as serving without the Gateways would remove their listeners from every
+// client.
+func (s *Source) gatewayAPIServed(ctx context.Context) (bool, error) {
+	gv := gatewayv1.GroupVersion
+	err := s.kube.Discovery().RESTClient().Get().AbsPath("/apis", gv.Group, gv.Version).Do(ctx).Error()
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	}
+	return false, err
+}
+
+// discover sets s.gw to nil when the cluster serves no Gateway API. It
+// retries until the API server answers; false when ctx ended first.
+func (s *Source) discover(ctx context.Context) bool {
+	if s.gw == nil {
+		return true // known
+	}
+	delay := time.Second
+	s.report(errors.New("waiting for the API server to answer (is the Gateway API served?)"))
+	for {
+		ok, err := s.gatewayAPIServed(ctx)
+		if err == nil {
+			if !ok {
+				s.log.Info("The cluster serves no Gateway API (gateway.networking.k8s.io/v1): serving Services only")
+				s.gw = nil
+			}
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		s.report(fmt.Errorf("asking the API server whether it serves the Gateway API: %w", err))
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
+}
+
+// informer is one kind of object the source lists and watches, with the
+// last error of its watch (why it has not synced).
+type informer struct {
+	kind string
+	inf  cache.SharedIndexInformer
+
+	mu      sync.Mutex
+	lastErr error
+}
+
+func (i *informer) watchError(ctx context.Context, r *cache.Reflector, err error) {
+	i.mu.Lock()
+	i.lastErr = err
+	i.mu.Unlock()
+	cache.DefaultWatchErrorHandler(ctx, r, err)
+}
+
+func (i *informer) pending() string {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.lastErr == nil {
+		return i.kind + " (not listed yet)"
+	}
+	return fmt.Sprintf("%s (%v)", i.kind, i.lastErr)
+}
+
+// waitForSync waits until every informer has listed its objects, reporting
+// the ones that have not; false when ctx ended first.
+func (s *Source) waitForSync(ctx context.Context, infs []*informer) bool {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var pending []string
+		for _, i := range infs {
+			if !i.inf.HasSynced() {
+				pending = append(pending, i.pending())
+			}
+		}
+		if len(pending) == 0 {
+			return true
+		}
+		s.report(fmt.Errorf("waiting for the API server to list %s", strings.Join(pending, ", ")))
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
 }
 
 // Run watches the cluster and publishes its state on every change until ctx
 // is done (then it returns nil), or returns the error that prevents it
 // from starting.
 func (s *Source) Run(ctx context.Context) error {
+	if !s.discover(ctx) {
+		return nil
+	}
 	bc := record.NewBroadcaster(record.WithContext(ctx))
 	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.kube.CoreV1().Events("")})
 	defer bc.Shutdown()
@@ -121,9 +242,21 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	const resync = 10 * time.Minute
 	f := informers.NewSharedInformerFactory(s.kube, resync)
-	svcs, slices_, nodes := f.Core().V1().Services(), f.Discovery().V1().EndpointSlices(), f.Core().V1().Nodes()
-	for _, inf := range []cache.SharedIndexInformer{svcs.Informer(), slices_.Informer(), nodes.Informer()} {
+	var infs []*informer
+	watch := func(kind string, inf cache.SharedIndexInformer) error {
+		i := &informer{kind: kind, inf: inf}
 		if _, err := inf.AddEventHandler(handler); err != nil {
+			return err
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(i.watchError); err != nil {
+			return err
+		}
+		infs = append(infs, i)
+		return nil
+	}
+	svcs, slices_, nodes := f.Core().V1().Services(), f.Discovery().V1().EndpointSlices(), f.Core().V1().Nodes()
+	for _, err := range []error{watch("Services", svcs.Informer()), watch("EndpointSlices", slices_.Informer()), watch("Nodes", nodes.Informer())} {
+		if err != nil {
 			return err
 		}
 	}
@@ -136,7 +269,7 @@ func (s *Source) Run(ctx context.Context) error {
 			return fmt.Errorf("address pools ConfigMap %q: want NAMESPACE/NAME", s.opts.PoolsConfigMap)
 		}
 		cms = informers.NewSharedInformerFactoryWithOptions(s.kube, resync, informers.WithNamespace(cmNS))
-		if _, err := cms.Core().V1().ConfigMaps().Informer().AddEventHandler(handler); err != nil {
+		if err := watch("ConfigMaps in "+cmNS, cms.Core().V1().ConfigMaps().Informer()); err != nil {
 			return err
 		}
 	}
@@ -144,8 +277,11 @@ func (s *Source) Run(ctx context.Context) error {
 	if s.gw != nil {
 		gf = gwinformers.NewSharedInformerFactory(s.gw, resync)
 		g := gf.Gateway().V1()
-		for _, inf := range []cache.SharedIndexInformer{g.GatewayClasses().Informer(), g.Gateways().Informer(), g.TCPRoutes().Informer(), g.UDPRoutes().Informer()} {
-			if _, err := inf.AddEventHandler(handler); err != nil {
+		for _, err := range []error{
+			watch("GatewayClasses", g.GatewayClasses().Informer()), watch("Gateways", g.Gateways().Informer()),
+			watch("TCPRoutes", g.TCPRoutes().Informer()), watch("UDPRoutes", g.UDPRoutes().Informer()),
+		} {
+			if err != nil {
 				return err
 			}
 		}
@@ -160,29 +296,23 @@ func (s *Source) Run(ctx context.Context) error {
 		gf.Start(ctx.Done())
 		defer gf.Shutdown()
 	}
-	for t, ok := range f.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("syncing %v from the API server: %w", t, context.Cause(ctx))
-		}
-	}
-	if cms != nil {
-		cms.WaitForCacheSync(ctx.Done())
-	}
-	if gf != nil {
-		gf.WaitForCacheSync(ctx.Done())
+	// Nothing is published before every kind is listed: a partial state
+	// would remove the rest from every client.
+	if !s.waitForSync(ctx, infs) {
+		return nil
 	}
 
-	read := func() (State, Pools, error) {
+	read := func() (State, error) {
 		var st State
 		var err error
 		if st.Services, err = svcs.Lister().List(labels.Everything()); err != nil {
-			return st, nil, err
+			return st, err
 		}
 		if st.EndpointSlices, err = slices_.Lister().List(labels.Everything()); err != nil {
-			return st, nil, err
+			return st, err
 		}
 		if st.Nodes, err = nodes.Lister().List(labels.Everything()); err != nil {
-			return st, nil, err
+			return st, err
 		}
 		if gf != nil {
 			g := gf.Gateway().V1()
@@ -191,34 +321,58 @@ func (s *Source) Run(ctx context.Context) error {
 			st.Gateway.TCPRoutes, _ = g.TCPRoutes().Lister().List(labels.Everything())
 			st.Gateway.UDPRoutes, _ = g.UDPRoutes().Lister().List(labels.Everything())
 		}
-		pools := slices.Clone(s.opts.Pools)
-		if cms != nil {
-			cm, err := cms.Core().V1().ConfigMaps().Lister().ConfigMaps(cmNS).Get(cmName)
-			if err == nil {
-				more, perr := PoolsFromConfigMap(cm.Data)
-				if perr != nil {
-					return st, nil, fmt.Errorf("ConfigMap %s: %w", s.opts.PoolsConfigMap, perr)
-				}
-				pools = append(pools, more...)
-			}
+		return st, nil
+	}
+
+	// The ConfigMap's pools. One that does not parse keeps its last good
+	// pools; with none (it was bad from the start), the flags' pools serve
+	// and every object keeps the address it holds, since it may be in the
+	// pools not known.
+	var (
+		goodCMPools Pools
+		goodCM      bool
+		lastPoolErr string
+	)
+	pools := func() (Pools, error) {
+		out := slices.Clone(s.opts.Pools)
+		if cms == nil {
+			return out, nil
 		}
-		return st, pools, nil
+		cm, err := cms.Core().V1().ConfigMaps().Lister().ConfigMaps(cmNS).Get(cmName)
+		if err != nil {
+			return out, nil // no ConfigMap: no more pools
+		}
+		more, perr := PoolsFromConfigMap(cm.Data)
+		if perr == nil {
+			goodCMPools, goodCM, lastPoolErr = more, true, ""
+			return append(out, more...), nil
+		}
+		perr = fmt.Errorf("address pools ConfigMap %s: %w", s.opts.PoolsConfigMap, perr)
+		if perr.Error() != lastPoolErr {
+			lastPoolErr = perr.Error()
+			how := "serving its last good pools"
+			if !goodCM {
+				how = "serving the --address-pool pools; objects keep the addresses they hold"
+			}
+			s.log.Error("Address pools not applied", "error", perr, "meanwhile", how)
+			s.rec.Event(cm, corev1.EventTypeWarning, "InvalidAddressPools", perr.Error()+": "+how)
+		}
+		if goodCM {
+			return append(out, goodCMPools...), nil
+		}
+		return out, perr
 	}
 
 	first := true
-	var lastPoolErr string
 	for {
-		st, pools, err := read()
+		st, err := read()
 		if err != nil {
-			// A bad pool ConfigMap keeps the last good state served.
-			if err.Error() != lastPoolErr {
-				s.log.Error("Kubernetes state not applied", "error", err)
-				lastPoolErr = err.Error()
-			}
+			s.log.Error("Kubernetes state not applied", "error", err)
 		} else {
-			lastPoolErr = ""
 			cfg := s.opts.Config
-			cfg.Pools = pools
+			var poolErr error
+			cfg.Pools, poolErr = pools()
+			cfg.KeepHeldAddresses = poolErr != nil
 			out := Build(cfg, st)
 			_, err := s.opts.Publish(out.Resources)
 			if err != nil {
@@ -229,6 +383,9 @@ func (s *Source) Run(ctx context.Context) error {
 				s.log.Info("Kubernetes source synced", "services", len(out.Services), "resources", out.Resources.Len())
 				first = false
 			}
+			// Not ready while pools are unknown: nothing new can get an
+			// address from them.
+			s.report(poolErr)
 		}
 		select {
 		case <-ctx.Done():

@@ -45,7 +45,12 @@ func startSource(t *testing.T, api *apiServer, opts kubesource.Options, file con
 		log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}
 	srv := controlplane.NewServer(controlplane.Options{Logger: log})
-	sources := controlplane.NewSources(srv, "file", kubesource.SourceName)
+	// Served once every source has published: the file only when given.
+	order := []string{kubesource.SourceName}
+	if file != nil {
+		order = []string{"file", kubesource.SourceName}
+	}
+	sources := controlplane.NewSources(srv, order...)
 	if file != nil {
 		if _, err := sources.Set("file", file); err != nil {
 			t.Fatal(err)

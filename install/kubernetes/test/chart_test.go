@@ -348,8 +348,12 @@ func checkControlPlane(t *testing.T, r *rendered, vals map[string]any) {
 		t.Fatalf("%d containers", len(pod.Containers))
 	}
 	c := pod.Containers[0]
-	if svc.Spec.Ports[0].TargetPort != intstr.FromString("xds") || len(c.Ports) != 1 || c.Ports[0].Name != "xds" {
+	if svc.Spec.Ports[0].TargetPort != intstr.FromString("xds") || len(c.Ports) != 2 || c.Ports[0].Name != "xds" || c.Ports[1].Name != "health" {
 		t.Errorf("Service targetPort %v, container ports %+v", svc.Spec.Ports[0].TargetPort, c.Ports)
+	}
+	// Ready once it serves a complete state, which only /readyz knows.
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port != intstr.FromString("health") {
+		t.Errorf("readinessProbe %+v, want GET /readyz on the health port", p)
 	}
 	if c.Image != "registry.example.com/l4xds-control-plane:v9" {
 		t.Errorf("control plane image %q", c.Image)
@@ -387,6 +391,9 @@ func checkControlPlane(t *testing.T, r *rendered, vals map[string]any) {
 	}
 	if _, ok := args["insecure"]; ok {
 		t.Error("--insecure with a TLS Secret")
+	}
+	if want := fmt.Sprintf(":%d", c.Ports[len(c.Ports)-1].ContainerPort); args["health-listen"] != want {
+		t.Errorf("--health-listen %q, the health port is %s", args["health-listen"], want)
 	}
 
 	// The agents dial the Service.
@@ -497,7 +504,7 @@ controlPlane:
 				wantArgs := []string{
 					"--in-cluster", "--load-balancer-class=l4xds.io/l4lb", "--gateway-controller-name=l4xds.io/gateway-controller",
 					"--backend-mode=node-port", "--address-pool=lan=192.0.2.10-192.0.2.50,192.0.2.60/30", "--address-pool=v6=2001:db8:1::/120",
-					"--address-pools-configmap=kube-system/l4xds-pools", "--listen=:9000", "--log-level=info", "--insecure",
+					"--address-pools-configmap=kube-system/l4xds-pools", "--listen=:9000", "--health-listen=:9001", "--log-level=info", "--insecure",
 				}
 				if args := serveArgs(t, pod.Containers[0]); !slices.Equal(args, wantArgs) {
 					t.Errorf("args\n got %q\nwant %q", args, wantArgs)

@@ -84,10 +84,14 @@ func (s *Server) start(addr string) {
 	})
 	s.mu.Lock()
 	s.addr, s.srv = lis.Addr().String(), srv
-	if s.resources != nil {
-		if err := srv.Set(s.resources); err != nil {
-			s.tb.Fatal(err)
-		}
+	// A server told nothing yet serves an empty state, as the scripts
+	// expect: the real server holds streams until its first Set.
+	res := s.resources
+	if res == nil {
+		res = controlplane.Resources{}
+	}
+	if err := srv.Set(res); err != nil {
+		s.tb.Fatal(err)
 	}
 	s.mu.Unlock()
 	go srv.Serve(lis)
