@@ -113,6 +113,7 @@ type serveFlags struct {
 	pools               []string
 	poolsConfigMap      string
 	leaderElect         bool
+	maxConnectionAge    time.Duration
 	leaderLease         string
 	cert, key, clientCA string
 	insecure            bool
@@ -203,6 +204,7 @@ nodes, each node's ACKs, NACKs and ACKed version per type, readiness).`,
 	fl.StringVar(&f.backendMode, "backend-mode", string(kubesource.PodBackends), `where Services' traffic goes: "pod" (the EndpointSlices' pod addresses) or "node-port" (the nodes' InternalIP at the nodePort)`)
 	fl.StringArrayVar(&f.pools, "address-pool", nil, "a pool of VIPs, NAME=CIDR|FIRST-LAST[,...]; repeat for more pools (the first with a free address serves)")
 	fl.StringVar(&f.poolsConfigMap, "address-pools-configmap", "", "NAMESPACE/NAME of a ConfigMap of more pools: one key per pool, the ranges as value; followed live")
+	fl.DurationVar(&f.maxConnectionAge, "max-connection-age", 30*time.Minute, "close a client's connection after about this long (±10 %), so that clients spread over the replicas again after a rollout; the client reconnects at once and keeps its state; 0 for never")
 	fl.BoolVar(&f.leaderElect, "leader-elect", false, "run as one of several replicas: all serve xDS, the holder of a Lease writes status and Events")
 	fl.StringVar(&f.leaderLease, "leader-elect-lease", "", `NAMESPACE/NAME of the Lease of --leader-elect (default: $POD_NAMESPACE/l4xds-control-plane)`)
 	return cmd
@@ -288,7 +290,7 @@ func (s *server) run(ctx context.Context, lis, hlis net.Listener) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv := controlplane.NewServer(controlplane.Options{TLS: s.tls, Logger: log, Registerer: reg})
+	srv := controlplane.NewServer(controlplane.Options{TLS: s.tls, Logger: log, Registerer: reg, MaxConnectionAge: f.maxConnectionAge})
 	health := controlplane.NewHealth(srv)
 	health.Register(reg)
 	if hlis != nil {
