@@ -112,6 +112,9 @@ type serveFlags struct {
 	backendMode         string
 	pools               []string
 	poolsConfigMap      string
+	leaderElect         bool
+	maxConnectionAge    time.Duration
+	leaderLease         string
 	cert, key, clientCA string
 	insecure            bool
 	logLevel            string
@@ -201,6 +204,9 @@ nodes, each node's ACKs, NACKs and ACKed version per type, readiness).`,
 	fl.StringVar(&f.backendMode, "backend-mode", string(kubesource.PodBackends), `where Services' traffic goes: "pod" (the EndpointSlices' pod addresses) or "node-port" (the nodes' InternalIP at the nodePort)`)
 	fl.StringArrayVar(&f.pools, "address-pool", nil, "a pool of VIPs, NAME=CIDR|FIRST-LAST[,...]; repeat for more pools (the first with a free address serves)")
 	fl.StringVar(&f.poolsConfigMap, "address-pools-configmap", "", "NAMESPACE/NAME of a ConfigMap of more pools: one key per pool, the ranges as value; followed live")
+	fl.DurationVar(&f.maxConnectionAge, "max-connection-age", 30*time.Minute, "close a client's connection after about this long (±10 %), so that clients spread over the replicas again after a rollout; the client reconnects at once and keeps its state; 0 for never")
+	fl.BoolVar(&f.leaderElect, "leader-elect", false, "run as one of several replicas: all serve xDS, the holder of a Lease writes status and Events")
+	fl.StringVar(&f.leaderLease, "leader-elect-lease", "", `NAMESPACE/NAME of the Lease of --leader-elect (default: $POD_NAMESPACE/l4xds-control-plane)`)
 	return cmd
 }
 
@@ -214,6 +220,8 @@ type server struct {
 	tls  *tls.Config
 	kube *rest.Config // nil without --kubeconfig or --in-cluster
 	kcfg kubesource.Config
+	// election is --leader-elect's, zero without it.
+	election kubesource.Election
 }
 
 // prepare checks the flags and loads what they name, before anything listens.
@@ -238,6 +246,13 @@ func prepare(f serveFlags, stderr io.Writer) (*server, error) {
 		if s.kube, err = kubesource.RESTConfig(f.kubeconfig); err != nil {
 			return nil, err
 		}
+	}
+	var err error
+	if s.election, err = election(f); err != nil {
+		return nil, err
+	}
+	if s.election.Name != "" && !kube {
+		return nil, errors.New("--leader-elect needs --kubeconfig or --in-cluster: the Lease is in the cluster")
 	}
 
 	if f.insecure {
@@ -275,7 +290,7 @@ func (s *server) run(ctx context.Context, lis, hlis net.Listener) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv := controlplane.NewServer(controlplane.Options{TLS: s.tls, Logger: log, Registerer: reg})
+	srv := controlplane.NewServer(controlplane.Options{TLS: s.tls, Logger: log, Registerer: reg, MaxConnectionAge: f.maxConnectionAge})
 	health := controlplane.NewHealth(srv)
 	health.Register(reg)
 	if hlis != nil {
@@ -321,21 +336,57 @@ func (s *server) run(ctx context.Context, lis, hlis net.Listener) error {
 		Publish: func(res controlplane.Resources) ([]controlplane.Conflict, error) {
 			return sources.Set(kubesource.SourceName, res)
 		},
-		Problem: func(err error) { health.Report(kubesource.SourceName, err) },
-		Logger:  log,
+		Problem:  func(err error) { health.Report(kubesource.SourceName, err) },
+		Election: s.election,
+		Logger:   log,
 	})
 	if err != nil {
 		return err
 	}
-	go func() { errs <- src.Run(ctx) }()
+	// The source is waited for: it hands its Lease over as it stops.
+	srcDone := make(chan error, 1)
+	go func() { srcDone <- src.Run(ctx) }()
 	select {
 	case <-ctx.Done():
 		srv.Stop()
+		<-srcDone
 		log.Info("Stopped")
 		return nil
 	case err := <-errs:
 		return err
+	case err := <-srcDone:
+		return err
 	}
+}
+
+// election is the leader election of --leader-elect.
+func election(f serveFlags) (kubesource.Election, error) {
+	if !f.leaderElect {
+		if f.leaderLease != "" {
+			return kubesource.Election{}, errors.New("--leader-elect-lease needs --leader-elect")
+		}
+		return kubesource.Election{}, nil
+	}
+	lease := f.leaderLease
+	if lease == "" {
+		ns := os.Getenv("POD_NAMESPACE")
+		if ns == "" {
+			return kubesource.Election{}, errors.New("--leader-elect: give --leader-elect-lease NAMESPACE/NAME, or set $POD_NAMESPACE")
+		}
+		lease = ns + "/l4xds-control-plane"
+	}
+	ns, name, ok := strings.Cut(lease, "/")
+	if !ok || ns == "" || name == "" {
+		return kubesource.Election{}, fmt.Errorf("--leader-elect-lease %q: want NAMESPACE/NAME", lease)
+	}
+	id := os.Getenv("POD_NAME")
+	if id == "" {
+		var err error
+		if id, err = os.Hostname(); err != nil {
+			return kubesource.Election{}, fmt.Errorf("--leader-elect: no $POD_NAME and no hostname: %w", err)
+		}
+	}
+	return kubesource.Election{Namespace: ns, Name: name, Identity: id}, nil
 }
 
 func kubeConfig(f serveFlags) (kubesource.Config, error) {

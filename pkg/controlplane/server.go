@@ -49,11 +49,25 @@ const (
 // hundred bytes, a NACK's message a few KiB.
 const readBufferSize = 4 << 10
 
+// maxConnectionAgeGrace lets a stream whose connection reached its age end
+// (a response being sent completes); none without an age.
+func maxConnectionAgeGrace(age time.Duration) time.Duration {
+	if age == 0 {
+		return 0
+	}
+	return 10 * time.Second
+}
+
 // Options of NewServer.
 type Options struct {
 	// TLS is the server's TLS configuration (see ServerTLSConfig). Nil serves
 	// plaintext.
 	TLS *tls.Config
+	// MaxConnectionAge ends a client's connection after about this long
+	// (gRPC adds ±10 % jitter), so that after a rollout or a scale-up
+	// clients spread over the replicas again; zero keeps connections for
+	// ever. A client reconnects at once and keeps what it has meanwhile.
+	MaxConnectionAge time.Duration
 	// Logger receives stream, ACK/NACK and update logs. slog.Default() when nil.
 	Logger *slog.Logger
 	// GRPCOptions are appended to the server's own options.
@@ -105,7 +119,8 @@ func NewServer(opts Options) *Server {
 	xs := xdsserver.NewServer(ctx, caches, cb)
 
 	gopts := []grpc.ServerOption{
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout,
+			MaxConnectionAge: opts.MaxConnectionAge, MaxConnectionAgeGrace: maxConnectionAgeGrace(opts.MaxConnectionAge)}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
 		// A node's stream idles between responses and sends small
 		// requests: the write buffer is taken from a pool for each flush

@@ -689,3 +689,36 @@ func TestServerAnswersOnlyWithItsFirstState(t *testing.T) {
 		t.Errorf("Delta: first response has %d clusters, want the first state's 1", len(resp.GetResources()))
 	}
 }
+
+// MaxConnectionAge ends a client's connection, its stream with it, so that
+// clients spread over the replicas again; without it the stream stays.
+func TestServerMaxConnectionAge(t *testing.T) {
+	for _, age := range []time.Duration{200 * time.Millisecond, 0} {
+		t.Run(age.String(), func(t *testing.T) {
+			env := startServerWith(t, Options{MaxConnectionAge: age})
+			if err := env.srv.Set(cfpResources(t)); err != nil {
+				t.Fatal(err)
+			}
+			c := env.sotw(t, map[string][]string{resource.ClusterType: nil})
+			c.recv()
+			ended := make(chan error, 1)
+			go func() {
+				_, err := c.stream.Recv()
+				ended <- err
+			}()
+			if age == 0 {
+				select {
+				case err := <-ended:
+					t.Fatalf("stream ended without a maximum age: %v", err)
+				case <-time.After(2 * time.Second):
+				}
+				return
+			}
+			select {
+			case <-ended:
+			case <-time.After(maxConnectionAgeGrace(age) + 20*time.Second):
+				t.Fatal("stream still open well after the connection's maximum age and grace")
+			}
+		})
+	}
+}

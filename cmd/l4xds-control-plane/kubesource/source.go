@@ -51,7 +51,11 @@ type Options struct {
 	// object cannot be listed, the pools ConfigMap is invalid), and nil
 	// once it does.
 	Problem func(error)
-	Logger  *slog.Logger
+	// Election makes this one of several replicas: only the holder of
+	// the Lease writes status and Events. Without a Lease name the source
+	// always writes.
+	Election Election
+	Logger   *slog.Logger
 }
 
 // Source watches a cluster and publishes its Services and Gateway API
@@ -62,6 +66,7 @@ type Source struct {
 	kube kubernetes.Interface
 	gw   gwclient.Interface // nil when the cluster has no Gateway API (known in Run)
 	rec  record.EventRecorder
+	lead leadership
 
 	problem string // last reported
 }
@@ -235,6 +240,24 @@ func (s *Source) Run(ctx context.Context) error {
 		default:
 		}
 	}
+	if s.opts.Election.Name == "" {
+		s.lead.leading.Store(true)
+	} else {
+		// The election ends with Run, before the informers it shares
+		// nothing with: its own context, cancelled and waited for here.
+		ectx, stopElection := context.WithCancel(ctx)
+		elected := make(chan struct{})
+		go func() {
+			defer close(elected)
+			if err := s.elect(ectx, s.opts.Election, kick); err != nil {
+				s.log.Error("Not taking part in the leader election: this replica serves xDS and never writes status", "error", err)
+			}
+		}()
+		defer func() {
+			stopElection()
+			<-elected
+		}()
+	}
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { kick() },
 		UpdateFunc: func(any, any) { kick() },
@@ -355,7 +378,9 @@ func (s *Source) Run(ctx context.Context) error {
 				how = "serving the --address-pool pools; objects keep the addresses they hold"
 			}
 			s.log.Error("Address pools not applied", "error", perr, "meanwhile", how)
-			s.rec.Event(cm, corev1.EventTypeWarning, "InvalidAddressPools", perr.Error()+": "+how)
+			if s.lead.writes() {
+				s.rec.Event(cm, corev1.EventTypeWarning, "InvalidAddressPools", perr.Error()+": "+how)
+			}
 		}
 		if goodCM {
 			return append(out, goodCMPools...), nil
@@ -378,7 +403,9 @@ func (s *Source) Run(ctx context.Context) error {
 			if err != nil {
 				s.log.Error("Publishing the Kubernetes resources", "error", err)
 			}
-			s.writeStatus(ctx, st, out)
+			if s.lead.writes() {
+				s.writeStatus(ctx, st, out)
+			}
 			if first {
 				s.log.Info("Kubernetes source synced", "services", len(out.Services), "resources", out.Resources.Len())
 				first = false
