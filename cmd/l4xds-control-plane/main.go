@@ -190,7 +190,7 @@ nodes, each node's ACKs, NACKs and ACKed version per type, readiness).`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.resources, "resources", "", "YAML or JSON file of Envoy resources to serve and follow (required)")
 	fl.StringVar(&f.listen, "listen", ":9000", "host:port to accept xDS clients on (the agents' --xds-server-address)")
-	fl.StringVar(&f.healthListen, "health-listen", ":9001", `host:port of the plaintext HTTP /healthz, /readyz and /metrics ("" for none)`)
+	fl.StringVar(&f.healthListen, "health-listen", "", `host:port of the plaintext HTTP /healthz, /readyz and /metrics, e.g. :9001 (the chart's); none when empty`)
 	fl.StringVar(&f.cert, "cert", "", "server certificate (PEM); re-read when it changes")
 	fl.StringVar(&f.key, "key", "", "server private key (PEM); re-read when it changes")
 	fl.StringVar(&f.clientCA, "client-ca", "", "CA certificates (PEM) that client certificates must chain to; re-read when it changes")
