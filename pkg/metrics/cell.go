@@ -47,7 +47,7 @@ type Config struct {
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("prometheus-serve-addr", def.PrometheusServeAddr,
-		`Serve Prometheus metrics on this TCP address, e.g. ":9962" (empty: off)`)
+		`Serve Prometheus metrics on this TCP address, e.g. ":9970" (empty: off)`)
 }
 
 // NewRegistry returns a registry with the Go runtime and process collectors
