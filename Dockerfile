@@ -6,6 +6,7 @@
 # l4xds-traffic (the kind harness's backends and client).
 #
 #   docker build -t l4xds:dev .
+#   docker build --build-arg VERSION=v0.1.0 --build-arg COMMIT=$(git rev-parse HEAD) -t l4xds:v0.1.0 .
 #
 # The BPF objects are generated and committed (pkg/datapath/bpf), so the
 # build needs Go only: no clang, no cgo.
@@ -22,12 +23,18 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 ARG TARGETOS=linux
 ARG TARGETARCH
+# What --version prints and l4xds_build_info reports: the context has no
+# .git, so the Makefile's VERSION and COMMIT come as arguments
+# (docker build --build-arg VERSION=$(git describe --tags --always --dirty)
+# --build-arg COMMIT=$(git rev-parse HEAD) .).
+ARG VERSION=dev
+ARG COMMIT=
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
 	CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-	go build -trimpath -ldflags='-s -w' -o /out/ \
+	go build -trimpath -ldflags="-s -w -X github.com/l4xds/l4xds/pkg/version.Version=${VERSION} -X github.com/l4xds/l4xds/pkg/version.Commit=${COMMIT}" -o /out/ \
 		./cmd/l4xds-agent ./cmd/l4xds-dbg ./test/l4xds-traffic && \
 	CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-	go build -C cmd/l4xds-control-plane -trimpath -ldflags='-s -w' -o /out/ .
+	go build -C cmd/l4xds-control-plane -trimpath -ldflags="-s -w -X github.com/l4xds/l4xds/pkg/version.Version=${VERSION} -X github.com/l4xds/l4xds/pkg/version.Commit=${COMMIT}" -o /out/ .
 
 # distroless/static: the binaries are static (CGO_ENABLED=0) and nothing in
 # the chart runs a shell (the probes exec l4xds-dbg directly), so the image

@@ -7,6 +7,11 @@ PKGS     := ./...
 # The reference control plane is a module of its own (client-go and the
 # Gateway API stay out of the agent's module).
 CP       := cmd/l4xds-control-plane
+# What --version prints and l4xds_build_info reports (pkg/version); the
+# Dockerfiles take the same as build arguments.
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT   ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS  := -X github.com/l4xds/l4xds/pkg/version.Version=$(VERSION) -X github.com/l4xds/l4xds/pkg/version.Commit=$(COMMIT)
 
 .PHONY: all build test test-control-plane test-cilium test-kind soak bench bench-cilium fuzz generate demo demo-cilium docs lint clean
 
@@ -14,8 +19,8 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES)) ./test/l4xds-traffic
-	$(GO) build -C $(CP) -o $(CURDIR)/$(BIN)/ .
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES)) ./test/l4xds-traffic
+	$(GO) build -C $(CP) -ldflags '$(LDFLAGS)' -o $(abspath $(BIN))/ .
 
 # All test tiers: unit and script tests always; the privileged tiers (BPF,
 # network namespaces) run when root and skip with a message otherwise. Then

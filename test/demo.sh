@@ -167,7 +167,7 @@ ip netns exec "$lb" "$BIN/l4xds-agent" --api-socket "$work/agent.sock" \
 	--enable-xds-control-plane --xds-server-address 127.0.0.1:18000 --xds-server-name localhost \
 	--xds-client-cert-path "$work/certs/client.crt" --xds-client-key-path "$work/certs/client.key" \
 	--xds-ca-cert-path "$work/certs/ca.crt" --xds-node-id demo-lb \
-	--prometheus-serve-addr 127.0.0.1:9962 \
+	--prometheus-serve-addr 127.0.0.1:9970 \
 	>"$work/agent.log" 2>&1 &
 started agent
 until_ok all_done 5
@@ -187,7 +187,7 @@ dbg status
 say "l4xds-dbg bpf lb list: what the BPF maps hold (the Maglev slots realise the weights)"
 "$BIN/l4xds-dbg" bpf lb list --bpf-root "$work/bpffs"
 say "Metrics (--prometheus-serve-addr): the per-service counters of the datapath"
-ip netns exec "$lb" bash -c 'exec 3<>/dev/tcp/127.0.0.1/9962 && printf "GET /metrics HTTP/1.0\r\n\r\n" >&3 && cat <&3' |
+ip netns exec "$lb" bash -c 'exec 3<>/dev/tcp/127.0.0.1/9970 && printf "GET /metrics HTTP/1.0\r\n\r\n" >&3 && cat <&3' |
 	grep -E '^l4xds_(datapath_service_packets_total|xds_client_connected)'
 
 say "A long-lived TCP connection to 10.1.2.3:3306 on 192.168.1.10, echoing every 100 ms through the edits below"

@@ -16,6 +16,7 @@ import (
 
 	"github.com/l4xds/l4xds/cilium/sink"
 	"github.com/l4xds/l4xds/pkg/l4lb"
+	"github.com/l4xds/l4xds/pkg/version"
 	"github.com/l4xds/l4xds/pkg/xds"
 )
 
@@ -31,6 +32,7 @@ var Cell = cell.Module(
 		l4lb.Cell,
 		cell.Invoke(warnUnweighted),
 	),
+	cell.Invoke(logVersion),
 	cell.Provide(sink.New),
 )
 
@@ -43,4 +45,11 @@ func warnUnweighted(cfg xds.Config, lbcfg loadbalancer.Config, log *slog.Logger)
 	}
 	log.Warn("xDS endpoint weights are ignored: Cilium weighs backends only with Maglev; set bpf-lb-algorithm-annotation=true (or bpf-lb-algorithm=maglev)",
 		"bpf-lb-algorithm", lbcfg.LBAlgorithm)
+}
+
+// logVersion says which build of the cell the agent carries: cilium-agent's
+// --version is Cilium's.
+func logVersion(log *slog.Logger) {
+	v := version.Get()
+	log.Info("l4xds cell", "version", v.Version, "commit", v.Commit)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/l4xds/l4xds/pkg/loadbalancer"
 	"github.com/l4xds/l4xds/pkg/metrics"
 	"github.com/l4xds/l4xds/pkg/option"
+	"github.com/l4xds/l4xds/pkg/version"
 	"github.com/l4xds/l4xds/pkg/xds"
 )
 
@@ -37,6 +38,7 @@ func main() {
 		datapath.Cell,
 	)
 	cmd := option.AgentCommand("l4xds-agent", "xDS-controlled eBPF L4 load balancer agent", h)
+	version.AddFlag(cmd)
 	if err := cmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "l4xds-agent:", err)
 		os.Exit(1)

@@ -30,6 +30,7 @@ import (
 	"github.com/l4xds/l4xds/cmd/l4xds-control-plane/kubesource"
 	"github.com/l4xds/l4xds/pkg/controlplane"
 	"github.com/l4xds/l4xds/pkg/devcerts"
+	"github.com/l4xds/l4xds/pkg/version"
 )
 
 func main() {
@@ -58,6 +59,7 @@ Start with "certs" to make development certificates, then "serve".`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	version.AddFlag(root)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(certsCommand(), serveCommand(stderr))

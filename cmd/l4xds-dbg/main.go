@@ -8,10 +8,13 @@ import (
 	"os"
 
 	"github.com/l4xds/l4xds/pkg/dbg"
+	"github.com/l4xds/l4xds/pkg/version"
 )
 
 func main() {
-	if err := dbg.Command().Execute(); err != nil {
+	cmd := dbg.Command()
+	version.AddFlag(cmd)
+	if err := cmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "l4xds-dbg:", err)
 		os.Exit(1)
 	}

@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
+
+	"github.com/l4xds/l4xds/pkg/version"
 )
 
 // Cell provides *prometheus.Registry and prometheus.Registerer (the same
@@ -45,17 +47,35 @@ type Config struct {
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("prometheus-serve-addr", def.PrometheusServeAddr,
-		`Serve Prometheus metrics on this TCP address, e.g. ":9962" (empty: off)`)
+		`Serve Prometheus metrics on this TCP address, e.g. ":9970" (empty: off)`)
 }
 
-// NewRegistry returns a registry with the Go runtime and process collectors.
+// NewRegistry returns a registry with the Go runtime and process collectors
+// and l4xds_build_info.
 func NewRegistry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
 	r.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo(version.Get()),
 	)
 	return r
+}
+
+// buildInfo is the usual constant 1 whose labels say which build runs, so
+// that a query can join on it or count the versions of a rollout.
+func buildInfo(v version.Info) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "l4xds_build_info",
+		Help: "Always 1; the labels are the version, git commit and Go version of the agent",
+		ConstLabels: prometheus.Labels{
+			"version":    v.Version,
+			"commit":     v.Commit,
+			"go_version": v.GoVersion,
+		},
+	})
+	g.Set(1)
+	return g
 }
 
 type serveParams struct {

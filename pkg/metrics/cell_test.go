@@ -4,6 +4,7 @@ package metrics
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +15,9 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/l4xds/l4xds/pkg/version"
 )
 
 func newHive(addr string, invoke any) *hive.Hive {
@@ -72,5 +76,18 @@ func TestAddressInUseFailsTheStartNamingIt(t *testing.T) {
 	err = h.Start(hivetest.Logger(t), context.Background())
 	if want := "--prometheus-serve-addr " + l.Addr().String(); err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("start = %v, want an error naming %q", err, want)
+	}
+}
+
+// The registry says which build runs: l4xds_build_info is 1 with the
+// version, commit and Go version that --version prints.
+func TestBuildInfo(t *testing.T) {
+	v := version.Get()
+	want := fmt.Sprintf(`# HELP l4xds_build_info Always 1; the labels are the version, git commit and Go version of the agent
+# TYPE l4xds_build_info gauge
+l4xds_build_info{commit=%q,go_version=%q,version=%q} 1
+`, v.Commit, v.GoVersion, v.Version)
+	if err := testutil.GatherAndCompare(NewRegistry(), strings.NewReader(want), "l4xds_build_info"); err != nil {
+		t.Error(err)
 	}
 }

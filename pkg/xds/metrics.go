@@ -18,15 +18,16 @@ import (
 //	l4xds_xds_client_resource_updates_valid_total{xds_server,resource_type}   counter
 //	l4xds_xds_client_resource_updates_invalid_total{xds_server,resource_type} counter
 //	l4xds_xds_client_server_failure_total{xds_server}                   counter
-//	l4xds_xds_client_resources{xds_server,type,cache_state}             gauge
+//	l4xds_xds_client_resources{xds_server,resource_type,cache_state}    gauge
 //	l4xds_xds_client_server_in_use{xds_server}                          gauge
 //	l4xds_xds_client_connection_attempts_total{xds_server}              counter
 //
 // xds_server is one server of --xds-server-address; every server has its
 // series from the start. The updates are counted for the server that sent
 // them; the cache (resources) is one, shown under the server in use.
-// resource_type and type are A78's resource type: the type URL without its
-// "type.googleapis.com/" prefix, e.g. "envoy.config.cluster.v3.Cluster".
+// resource_type is A78's resource type, one label name on every metric: the
+// type URL without its "type.googleapis.com/" prefix, e.g.
+// "envoy.config.cluster.v3.Cluster".
 // cache_state is one of A78's requested, does_not_exist, acked, nacked,
 // nacked_but_cached.
 const metricsPrefix = "l4xds_xds_client_"
@@ -96,7 +97,7 @@ func newClientMetrics(db *statedb.DB, resources statedb.Table[*ResourceStatus], 
 		}, server),
 		resourcesDesc: prometheus.NewDesc(metricsPrefix+"resources",
 			"Resources in the client's cache, by type and cache state",
-			[]string{"xds_server", "type", "cache_state"}, nil),
+			[]string{"xds_server", "resource_type", "cache_state"}, nil),
 	}
 }
 

@@ -60,7 +60,7 @@ func resourcesGauge(addr string, counts map[string]map[string]int) string {
 	b.WriteString("# TYPE l4xds_xds_client_resources gauge\n")
 	for _, typ := range []string{clusterTypeLabel, endpointTypeLabel} {
 		for _, state := range []string{"acked", "does_not_exist", "nacked", "nacked_but_cached", "requested"} {
-			fmt.Fprintf(&b, "l4xds_xds_client_resources{cache_state=%q,type=%q,xds_server=%q} %d\n",
+			fmt.Fprintf(&b, "l4xds_xds_client_resources{cache_state=%q,resource_type=%q,xds_server=%q} %d\n",
 				state, typ, addr, counts[typ][state])
 		}
 	}

@@ -306,8 +306,8 @@ func TestBinariesMetricsOfTheXDSClient(t *testing.T) {
 
 	synced := waitMetrics(t, client, metricsAddr, "the CFP example acked", func(m metricFamilies) bool {
 		return m.get("l4xds_xds_client_connected") == 1 &&
-			m.get("l4xds_xds_client_resources", "type", clusterType, "cache_state", "acked") == 1 &&
-			m.get("l4xds_xds_client_resources", "type", endpointType, "cache_state", "acked") == 1
+			m.get("l4xds_xds_client_resources", "resource_type", clusterType, "cache_state", "acked") == 1 &&
+			m.get("l4xds_xds_client_resources", "resource_type", endpointType, "cache_state", "acked") == 1
 	}, xdsMetrics...)
 	t.Logf("scrape of the synced agent:\n%s", synced.format(xdsMetrics...))
 	if miss := synced.missing(append(xdsMetrics, "go_goroutines", "process_cpu_seconds_total")...); len(miss) > 0 {
@@ -355,9 +355,9 @@ resource:
 	}
 	nacked := waitMetrics(t, client, metricsAddr, "the malformed cluster counted invalid", func(m metricFamilies) bool {
 		return m.get("l4xds_xds_client_resource_updates_invalid_total", "resource_type", clusterType) >= 1 &&
-			m.get("l4xds_xds_client_resources", "type", clusterType, "cache_state", "nacked") == 1
+			m.get("l4xds_xds_client_resources", "resource_type", clusterType, "cache_state", "nacked") == 1
 	}, xdsMetrics...)
-	if v := nacked.get("l4xds_xds_client_resources", "type", clusterType, "cache_state", "acked"); v != 1 {
+	if v := nacked.get("l4xds_xds_client_resources", "resource_type", clusterType, "cache_state", "acked"); v != 1 {
 		t.Errorf("acked clusters = %v after the NACK, want the good one kept", v)
 	}
 

@@ -29,7 +29,7 @@ var datapathMetrics = []string{
 
 // metricsInLB is where the agent of the privileged tests serves metrics:
 // inside the LB namespace, new for every topology.
-const metricsInLB = "127.0.0.1:9962"
+const metricsInLB = "127.0.0.1:9970"
 
 // nsHTTPClient is an HTTP client whose connections are made inside network
 // namespace ns.

@@ -18,6 +18,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/l4xds/l4xds/pkg/version"
 )
 
 // Exit codes: 1 means traffic failed (a probe flow, a held connection), 2
@@ -39,6 +41,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	version.AddFlag(root)
 	root.AddCommand(serveCommand(), probeCommand(), holdCommand(), loadCommand(), dnsCommand())
 	if err := root.Execute(); err != nil {
 		if _, ok := err.(errTrafficFailed); ok {

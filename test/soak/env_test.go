@@ -25,7 +25,7 @@ import (
 // the same across restarts.
 const (
 	controlPlaneAddr = "127.0.0.1:18000"
-	metricsAddr      = "127.0.0.1:9962"
+	metricsAddr      = "127.0.0.1:9970"
 )
 
 // env is the soak's topology: servers on every backend, the control plane

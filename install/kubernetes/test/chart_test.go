@@ -165,7 +165,7 @@ func TestFullValues(t *testing.T) {
 		"bpf-root":                            "/run/l4xds/bpffs",
 		"lb-maglev-table-size":                "16381",
 		"api-socket":                          "/run/l4xds/api/agent.sock",
-		"prometheus-serve-addr":               ":9963",
+		"prometheus-serve-addr":               ":9971",
 	}
 	if !maps.Equal(cm.Data, wantData) {
 		t.Errorf("ConfigMap data\n got %v\nwant %v", cm.Data, wantData)
@@ -180,10 +180,10 @@ func TestFullValues(t *testing.T) {
 	if !slices.Contains(agent.Args, "--debug") || !slices.Contains(agent.Args, "--xds-node-zone=overridden") {
 		t.Errorf("args %q lack --debug or the extraArgs", agent.Args)
 	}
-	if len(agent.Ports) != 1 || agent.Ports[0].ContainerPort != 9963 || agent.Ports[0].HostPort != 9963 {
-		t.Errorf("metrics port %+v, want 9963 on the host", agent.Ports)
+	if len(agent.Ports) != 1 || agent.Ports[0].ContainerPort != 9971 || agent.Ports[0].HostPort != 9971 {
+		t.Errorf("metrics port %+v, want 9971 on the host", agent.Ports)
 	}
-	if ann := ds.Spec.Template.Annotations; ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/port"] != "9963" || ann["example.com/team"] != "lb" {
+	if ann := ds.Spec.Template.Annotations; ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/port"] != "9971" || ann["example.com/team"] != "lb" {
 		t.Errorf("pod annotations %v", ann)
 	}
 	if ds.Spec.Template.Labels["example.com/tier"] != "edge" {

@@ -87,10 +87,22 @@ type rendered struct {
 // `helm lint --strict`).
 func render(t *testing.T, values map[string]any) (*rendered, error) {
 	t.Helper()
-	chrt := loadChart(t)
+	return renderRelease(t, releaseName, values)
+}
+
+// capabilities are those of the cluster the chart is rendered for.
+func capabilities() *chartutil.Capabilities {
 	caps := chartutil.DefaultCapabilities.Copy()
 	caps.KubeVersion = chartutil.KubeVersion{Version: kubeVersion, Major: "1", Minor: "34"}
-	opts := chartutil.ReleaseOptions{Name: releaseName, Namespace: namespace, Revision: 1, IsInstall: true}
+	return caps
+}
+
+// renderRelease is render for a release of another name.
+func renderRelease(t *testing.T, name string, values map[string]any) (*rendered, error) {
+	t.Helper()
+	chrt := loadChart(t)
+	caps := capabilities()
+	opts := chartutil.ReleaseOptions{Name: name, Namespace: namespace, Revision: 1, IsInstall: true}
 	top, err := chartutil.ToRenderValues(chrt, values, opts, caps)
 	if err != nil {
 		return nil, err

@@ -1,11 +1,24 @@
 {{/* SPDX-License-Identifier: Apache-2.0 */}}
 
-{{/* The release's full name: the release name, or <release>-l4xds. */}}
+{{/* The chart's name in labels: nameOverride, else l4xds. */}}
+{{- define "l4xds.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The prefix of every object's name, <fullname> in Documentation/kubernetes.md:
+fullnameOverride; else the release name when it contains the chart's name
+(l4xds, or nameOverride); else <release>-<name>.
+*/}}
 {{- define "l4xds.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- $override := .Values.fullnameOverride -}}
+{{- $name := include "l4xds.name" . -}}
+{{- if $override -}}
+{{- $override | trunc 63 | trimSuffix "-" -}}
+{{- else if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
@@ -22,7 +35,7 @@
 {{- end -}}
 
 {{- define "l4xds.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "l4xds.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
@@ -31,13 +44,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* Selector labels: stable across upgrades (a selector is immutable). */}}
 {{- define "l4xds.agentSelector" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "l4xds.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: agent
 {{- end -}}
 
 {{- define "l4xds.controlPlaneSelector" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "l4xds.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: control-plane
 {{- end -}}
@@ -62,7 +75,7 @@ and no xdsResources are given.
 {{- $cp := .Values.controlPlane -}}
 {{- if $cp.existingConfigMap -}}
 {{- $cp.existingConfigMap -}}
-{{- else if or (not $cp.kubernetes.enabled) $cp.xdsResources -}}
+{{- else if or (not ($cp.kubernetes | default dict).enabled) $cp.xdsResources -}}
 {{- printf "%s-resources" (include "l4xds.controlPlaneName" .) -}}
 {{- end -}}
 {{- end -}}
