@@ -8,7 +8,7 @@ PKGS     := ./...
 # Gateway API stay out of the agent's module).
 CP       := cmd/l4xds-control-plane
 
-.PHONY: all build test test-control-plane test-cilium test-kind soak bench bench-cilium fuzz generate demo demo-cilium docs lint clean
+.PHONY: all build test test-control-plane test-cilium test-kind soak chaos bench bench-cilium fuzz generate demo demo-cilium docs lint clean
 
 all: build
 
@@ -62,6 +62,16 @@ test-kind:
 SOAK_DURATION ?= 10m
 soak: build
 	SOAK_DURATION=$(SOAK_DURATION) L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run '^TestPrivilegedSoak$$' -timeout 0 ./test/soak
+
+# The fault schedules (test/chaos): one agent against two or three control
+# planes that are started, killed, restarted, hung and given new states at
+# random, its tables and status checked throughout; it prints CHAOS lines.
+# `make test` runs it for a minute; this target for CHAOS_DURATION, in which
+# servers also stay hung through a settle (CHAOS_SEED replays a run's
+# schedule). No go test timeout: the run bounds each of its settles itself.
+CHAOS_DURATION ?= 10m
+chaos: build
+	CHAOS_DURATION=$(CHAOS_DURATION) L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run '^TestChaosFaultSchedules$$' -timeout 0 ./test/chaos
 
 # Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of
