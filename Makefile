@@ -65,13 +65,14 @@ soak: build
 
 # The fault schedules (test/chaos): one agent against two or three control
 # planes that are started, killed, restarted, hung and given new states at
-# random, its tables and status checked throughout; it prints CHAOS lines.
-# `make test` runs it for a minute; this target for CHAOS_DURATION, in which
-# servers also stay hung through a settle (CHAOS_SEED replays a run's
-# schedule). No go test timeout: the run bounds each of its settles itself.
+# random, its tables and status checked throughout; as root again with the
+# BPF datapath and live traffic. It prints CHAOS lines. `make test` runs a
+# minute of it (and half a minute as root); this target CHAOS_DURATION of
+# each, in which servers also stay hung through a settle (CHAOS_SEED replays
+# a run's schedule). No go test timeout: the run bounds its settles itself.
 CHAOS_DURATION ?= 10m
 chaos: build
-	CHAOS_DURATION=$(CHAOS_DURATION) L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run '^TestChaosFaultSchedules$$' -timeout 0 ./test/chaos
+	CHAOS_DURATION=$(CHAOS_DURATION) L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run '^(TestChaosFaultSchedules|TestPrivilegedChaosWithTraffic)$$' -timeout 0 ./test/chaos
 
 # Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of

@@ -35,10 +35,23 @@ const (
 // every settle: the tables hold the state of the first server that is up,
 // which is in use, connected and healthy; with none up, the tables stay
 // as they were (last-known-good) and, every server down, status says so.
-// A violation fails the test with the seed and the schedule so far.
+// A violation fails the test with the seed and the schedule so far. The
+// agent runs without a datapath: no root needed.
 func TestChaosFaultSchedules(t *testing.T) {
 	bin := netns.Binaries(t)
-	duration := defaultDuration
+	duration, seed := settings(t, defaultDuration)
+	sched := newSchedule(seed, duration >= longRun)
+	n, protocol := sched.servers()
+	report(t, "seed=%d duration=%s servers=%d protocol=%s datapath=none (CHAOS_SEED=%d replays this schedule)", seed, duration, n, protocol, seed)
+	e := newEnv(t, bin, "", n)
+	runSchedule(t, e, sched, seed, duration, func(*truth) { e.startAgent(t, protocol, "--datapath", "none") })
+}
+
+// settings are the run's duration (CHAOS_DURATION, else def) and seed
+// (CHAOS_SEED, else the time).
+func settings(t *testing.T, def time.Duration) (time.Duration, uint64) {
+	t.Helper()
+	duration := def
 	if s := os.Getenv("CHAOS_DURATION"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d < 10*time.Second {
@@ -54,11 +67,16 @@ func TestChaosFaultSchedules(t *testing.T) {
 		}
 		seed = v
 	}
-	sched := newSchedule(seed, duration >= longRun)
-	n, protocol := sched.servers()
-	report(t, "seed=%d duration=%s servers=%d protocol=%s (CHAOS_SEED=%d replays this schedule)", seed, duration, n, protocol, seed)
+	return duration, seed
+}
 
-	e := newEnv(t, bin, n)
+// runSchedule starts the servers with their first states and the agent
+// (startAgent, given the run's truth), then runs the schedule for duration, checking the agent
+// throughout; it fails the test with the seed and the schedule so far at
+// the first violation. It returns the truth of the run.
+func runSchedule(t *testing.T, e *env, sched *schedule, seed uint64, duration time.Duration, startAgent func(*truth)) *truth {
+	t.Helper()
+	n := len(sched.plan)
 	tr := newTruth(e.addresses())
 	for i := range n {
 		st := step{action: serve, server: i, state: sched.newState()}
@@ -75,7 +93,7 @@ func TestChaosFaultSchedules(t *testing.T) {
 		}
 		sched.plan[i] = up
 	}
-	e.startAgent(t, protocol)
+	startAgent(tr)
 
 	obs := newObserver(e, tr)
 	ctx, stop := context.WithCancel(context.Background())
@@ -149,6 +167,7 @@ func TestChaosFaultSchedules(t *testing.T) {
 		t.Errorf("CHAOS violation (seed %d; CHAOS_SEED=%d replays the schedule) %s\n\nschedule so far (servers in priority order: %s):\n%s\n\nagent output:\n%s",
 			seed, seed, obs.failure, strings.Join(e.addresses(), ", "), tr.schedule(), tail(e.agent.Output(), 40))
 	}
+	return tr
 }
 
 // report logs a figure and prints it as a CHAOS line.

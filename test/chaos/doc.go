@@ -13,6 +13,9 @@
 //
 // The schedule comes from a seed (CHAOS seed=N in the output; CHAOS_SEED=N
 // replays it), for CHAOS_DURATION (a minute in `make test`, ten in `make
-// chaos`). The agent runs with --datapath none, so the test needs no root;
-// as root it runs in namespaces of its own (netns.Main).
+// chaos`). TestChaosFaultSchedules runs the agent with --datapath none, so
+// it needs no root; as root it runs in namespaces of its own (netns.Main).
+// TestPrivilegedChaosWithTraffic (root) runs the same schedules with the
+// BPF datapath on a namespace topology and live traffic through the
+// services every state serves alike, none of whose flows may fail.
 package chaos

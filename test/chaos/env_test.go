@@ -27,9 +27,12 @@ import (
 // resources file on its own address, and the agent listing them all.
 type env struct {
 	bin, dir string
-	servers  []*server
-	agent    *netns.Proc
-	api      *api.Client
+	// ns is the network namespace the control planes and the agent run
+	// in; "" for the test's own.
+	ns      string
+	servers []*server
+	agent   *netns.Proc
+	api     *api.Client
 }
 
 // server is one control plane; proc is its latest process.
@@ -39,9 +42,9 @@ type server struct {
 	procs           []*netns.Proc
 }
 
-func newEnv(t *testing.T, bin string, n int) *env {
+func newEnv(t *testing.T, bin, ns string, n int) *env {
 	t.Helper()
-	e := &env{bin: bin, dir: t.TempDir()}
+	e := &env{bin: bin, dir: t.TempDir(), ns: ns}
 	if out, err := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "certs", "--out", e.path("certs")).CombinedOutput(); err != nil {
 		t.Fatalf("l4xds-control-plane certs: %v\n%s", err, out)
 	}
@@ -71,6 +74,16 @@ func newEnv(t *testing.T, bin string, n int) *env {
 }
 
 func (e *env) path(name string) string { return filepath.Join(e.dir, name) }
+
+// command runs one of the binaries, in e.ns if set (ip netns exec execs
+// in place: the process is the binary, which the signals reach).
+func (e *env) command(bin string, args ...string) *exec.Cmd {
+	path := filepath.Join(e.bin, bin)
+	if e.ns == "" {
+		return exec.Command(path, args...)
+	}
+	return netns.Command(context.Background(), e.ns, path, args...)
+}
 
 // serverPorts picks n free ports on 127.0.0.1 below the ephemeral range,
 // where no connection of another process takes one while its server is
@@ -120,7 +133,7 @@ func (e *env) write(i int, s *state) error {
 func (e *env) start(i int) error {
 	s := e.servers[i]
 	name := fmt.Sprintf("l4xds-control-plane cp%d (%s)", i+1, s.addr)
-	p, err := netns.StartProc(name, exec.Command(filepath.Join(e.bin, "l4xds-control-plane"), "serve",
+	p, err := netns.StartProc(name, e.command("l4xds-control-plane", "serve",
 		"--resources", s.resources, "--listen", s.addr,
 		"--cert", e.path("certs/server.crt"), "--key", e.path("certs/server.key"),
 		"--client-ca", e.path("certs/ca.crt")))
@@ -187,19 +200,19 @@ func (e *env) addresses() []string {
 	return out
 }
 
-// startAgent runs the agent without a datapath, listing every server in
-// order, and waits for its API.
-func (e *env) startAgent(t *testing.T, protocol string) {
+// startAgent runs the agent, listing every server in order, with the
+// datapath arguments given, and waits for its API.
+func (e *env) startAgent(t *testing.T, protocol string, datapath ...string) {
 	t.Helper()
 	socket := e.path("agent.sock")
-	p, err := netns.StartProc("l4xds-agent", exec.Command(filepath.Join(e.bin, "l4xds-agent"),
+	p, err := netns.StartProc("l4xds-agent", e.command("l4xds-agent", append([]string{
 		"--enable-xds-control-plane", "--xds-server-address", strings.Join(e.addresses(), ","),
 		"--xds-server-name", "localhost", "--xds-node-id", "chaos",
 		"--xds-protocol", protocol,
 		"--xds-client-cert-path", e.path("certs/client.crt"),
 		"--xds-client-key-path", e.path("certs/client.key"),
 		"--xds-ca-cert-path", e.path("certs/ca.crt"),
-		"--api-socket", socket, "--datapath", "none"))
+		"--api-socket", socket}, datapath...)...))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,10 +25,16 @@ type service struct {
 	// core services are in every state, with backend 0 among their
 	// endpoints: what the agent must never lose, whichever server it uses.
 	core bool
+	// steady services are in every state with the same endpoints (backends
+	// 0 and 1): whatever the servers do, nothing of them changes, and no
+	// flow through them may fail (the privileged variant's traffic).
+	steady bool
 }
 
-func (s service) frontend() string {
-	return netip.AddrPortFrom(netip.MustParseAddr(s.vip), s.port).String() + "/" + s.proto
+func (s service) frontend() string { return s.dial() + "/" + s.proto }
+
+func (s service) dial() string {
+	return netip.AddrPortFrom(netip.MustParseAddr(s.vip), s.port).String()
 }
 
 // universe is every service a state may serve.
@@ -39,6 +45,8 @@ var universe = []service{
 	{name: "game", vip: "10.1.2.6", port: 7777, proto: "UDP"},
 	{name: "cache", vip: "10.1.2.7", port: 6379, proto: "TCP"},
 	{name: "metrics", vip: "10.1.2.8", port: 9090, proto: "TCP"},
+	{name: "api", vip: "10.1.3.1", port: 443, proto: "TCP", steady: true},
+	{name: "ntp", vip: "10.1.3.2", port: 123, proto: "UDP", steady: true},
 }
 
 // backends is the number of backend addresses endpoints draw from
@@ -64,12 +72,13 @@ type state struct {
 
 func (s *state) String() string { return fmt.Sprintf("s%d", s.id) }
 
-// describe is the state in one line: each service and its endpoints.
+// describe is the state in one line: each service and its endpoints, but
+// the steady ones, which every state has alike.
 func (s *state) describe() string {
 	var parts []string
 	for _, svc := range universe {
 		eps, ok := s.services[svc.name]
-		if !ok {
+		if !ok || svc.steady {
 			continue
 		}
 		var b []string
@@ -94,6 +103,10 @@ func (s *state) describe() string {
 func randomState(rnd *rand.Rand, id int) *state {
 	s := &state{id: id, services: map[string][]endpoint{}}
 	for _, svc := range universe {
+		if svc.steady {
+			s.services[svc.name] = []endpoint{{backend: 0, weight: 1}, {backend: 1, weight: 1}}
+			continue
+		}
 		if !svc.core && rnd.IntN(100) < 40 {
 			continue
 		}
