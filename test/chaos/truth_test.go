@@ -118,8 +118,8 @@ func (s *serverTruth) stateAt(t time.Time) *state {
 }
 
 // reloadSlack covers a server's reading of its file: a watch that waits
-// for the writes to stop (100 ms, at most a second).
-const reloadSlack = 2 * time.Second
+// for the writes to stop (100 ms, at most a second), on a loaded machine.
+const reloadSlack = 5 * time.Second
 
 // mayServe is every state the server may have served since t0: none if it
 // never ran since; else the one it held at t0 (or, if it was down then,

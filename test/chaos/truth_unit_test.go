@@ -27,7 +27,7 @@ func TestServerMayServe(t *testing.T) {
 	}, {
 		name:   "a write just before the settle may not be read yet",
 		runs:   []transition{{at(-100), down}, {at(-50), up}},
-		writes: []write{{at(-90), s0}, {at(-1), s1}},
+		writes: []write{{at(-90), s0}, {at(-3), s1}},
 		want:   []*state{s0, s1},
 	}, {
 		name:   "hung since before: what it held when it hung, and every write since",
