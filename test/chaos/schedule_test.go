@@ -5,6 +5,7 @@ package chaos
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -93,8 +94,9 @@ func (s *schedule) newState() *state {
 }
 
 // burst is the next burst of steps: one to four faults with pauses of up
-// to 2.5 s (none at times, so that faults land together), then maybe the
-// repairs that bring every server back.
+// to 2.5 s (none at times, so that faults land together), half of them on
+// the first server up, then maybe the repairs that bring every server
+// back.
 func (s *schedule) burst() []step {
 	var steps []step
 	add := func(st step) {
@@ -115,7 +117,12 @@ func (s *schedule) burst() []step {
 		return 100*time.Millisecond + time.Duration(s.rnd.Int64N(int64(2400*time.Millisecond)))
 	}
 	for range 1 + s.rnd.IntN(4) {
+		// Half the faults hit the server the agent should be using: a
+		// failure there is what moves it along the list.
 		i := s.rnd.IntN(len(s.plan))
+		if first := slices.Index(s.plan, up); first >= 0 && s.rnd.IntN(2) == 0 {
+			i = first
+		}
 		st := step{pause: pause(), server: i}
 		p := s.rnd.IntN(100)
 		switch s.plan[i] {
