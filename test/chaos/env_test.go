@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -112,7 +113,7 @@ func serverPorts(n int) ([]int, error) {
 			continue
 		}
 		l.Close()
-		if !strings.Contains(fmt.Sprint(ports), strconv.Itoa(p)) {
+		if !slices.Contains(ports, p) {
 			ports = append(ports, p)
 		}
 	}
