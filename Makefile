@@ -13,7 +13,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 COMMIT   ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -X github.com/l4xds/l4xds/pkg/version.Version=$(VERSION) -X github.com/l4xds/l4xds/pkg/version.Commit=$(COMMIT)
 
-.PHONY: all build test test-control-plane test-cilium test-kind soak bench bench-cilium fuzz generate demo demo-cilium docs lint clean
+.PHONY: all build test test-control-plane test-cilium test-kind soak chaos bench bench-cilium fuzz generate demo demo-cilium docs lint clean
 
 all: build
 
@@ -67,6 +67,17 @@ test-kind:
 SOAK_DURATION ?= 10m
 soak: build
 	SOAK_DURATION=$(SOAK_DURATION) L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run '^TestPrivilegedSoak$$' -timeout 0 ./test/soak
+
+# The fault schedules (test/chaos): one agent against two or three control
+# planes that are started, killed, restarted, hung and given new states at
+# random, its tables and status checked throughout; as root again with the
+# BPF datapath and live traffic. It prints CHAOS lines. `make test` runs a
+# minute of it (and half a minute as root); this target CHAOS_DURATION of
+# each, in which servers also stay hung through a settle (CHAOS_SEED replays
+# a run's schedule). No go test timeout: the run bounds its settles itself.
+CHAOS_DURATION ?= 10m
+chaos: build
+	CHAOS_DURATION=$(CHAOS_DURATION) L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run '^(TestChaosFaultSchedules|TestPrivilegedChaosWithTraffic)$$' -timeout 0 ./test/chaos
 
 # Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of
