@@ -14,6 +14,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -137,7 +138,7 @@ func TestFullValues(t *testing.T) {
 	}
 	want := []string{
 		"ConfigMap/l4xds-config", "ConfigMap/l4xds-control-plane-resources", "DaemonSet/l4xds",
-		"Deployment/l4xds-control-plane", "Service/l4xds-control-plane", "ServiceAccount/l4xds",
+		"Deployment/l4xds-control-plane", "PodDisruptionBudget/l4xds-control-plane", "Service/l4xds-control-plane", "ServiceAccount/l4xds",
 	}
 	if got := kindsOf(r); !slices.Equal(got, want) {
 		t.Errorf("objects %v, want %v", got, want)
@@ -486,8 +487,9 @@ controlPlane:
 			check: func(t *testing.T, r *rendered) {
 				want := []string{
 					"ClusterRole/l4xds-control-plane", "ClusterRoleBinding/l4xds-control-plane", "ConfigMap/l4xds-config",
-					"DaemonSet/l4xds", "Deployment/l4xds-control-plane", "Role/l4xds-control-plane-pools",
-					"RoleBinding/l4xds-control-plane-pools", "Service/l4xds-control-plane",
+					"DaemonSet/l4xds", "Deployment/l4xds-control-plane", "PodDisruptionBudget/l4xds-control-plane",
+					"Role/l4xds-control-plane-leader", "Role/l4xds-control-plane-pools",
+					"RoleBinding/l4xds-control-plane-leader", "RoleBinding/l4xds-control-plane-pools", "Service/l4xds-control-plane",
 					"ServiceAccount/l4xds", "ServiceAccount/l4xds-control-plane",
 				}
 				if got := kindsOf(r); !slices.Equal(got, want) {
@@ -504,7 +506,8 @@ controlPlane:
 				wantArgs := []string{
 					"--in-cluster", "--load-balancer-class=l4xds.io/l4lb", "--gateway-controller-name=l4xds.io/gateway-controller",
 					"--backend-mode=node-port", "--address-pool=lan=192.0.2.10-192.0.2.50,192.0.2.60/30", "--address-pool=v6=2001:db8:1::/120",
-					"--address-pools-configmap=kube-system/l4xds-pools", "--listen=:9000", "--health-listen=:9001", "--log-level=info", "--insecure",
+					"--address-pools-configmap=kube-system/l4xds-pools", "--leader-elect", "--max-connection-age=30m",
+					"--listen=:9000", "--health-listen=:9001", "--log-level=info", "--insecure",
 				}
 				if args := serveArgs(t, pod.Containers[0]); !slices.Equal(args, wantArgs) {
 					t.Errorf("args\n got %q\nwant %q", args, wantArgs)
@@ -515,13 +518,43 @@ controlPlane:
 				}
 				crb := only[*rbacv1.ClusterRoleBinding](t, r)
 				checkBinding(t, "ClusterRole", crb.RoleRef, crb.Subjects, cr.Name)
-				role := only[*rbacv1.Role](t, r)
-				wantPools := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"list", "watch"}}}
-				if role.Namespace != namespace || !reflect.DeepEqual(role.Rules, wantPools) {
-					t.Errorf("Role in %q rules %+v, want %+v in %s", role.Namespace, role.Rules, wantPools, namespace)
+				roles, bindings := find[*rbacv1.Role](r), find[*rbacv1.RoleBinding](r)
+				wantRules := map[string][]rbacv1.PolicyRule{
+					"l4xds-control-plane-leader": {{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}}},
+					"l4xds-control-plane-pools":  {{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"list", "watch"}}},
 				}
-				rb := only[*rbacv1.RoleBinding](t, r)
-				checkBinding(t, "Role", rb.RoleRef, rb.Subjects, role.Name)
+				if len(roles) != len(wantRules) || len(bindings) != len(roles) {
+					t.Fatalf("%d Roles and %d RoleBindings, want %d of each", len(roles), len(bindings), len(wantRules))
+				}
+				for i, role := range roles {
+					if role.Namespace != namespace || !reflect.DeepEqual(role.Rules, wantRules[role.Name]) {
+						t.Errorf("Role %s in %q rules %+v, want %+v in %s", role.Name, role.Namespace, role.Rules, wantRules[role.Name], namespace)
+					}
+					checkBinding(t, "Role", bindings[i].RoleRef, bindings[i].Subjects, role.Name)
+				}
+				// Two replicas, one writer: the Lease's namespace and the
+				// replica's name come from the pod.
+				d := only[*appsv1.Deployment](t, r)
+				if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
+					t.Errorf("replicas %v, want 2 serving the cluster", d.Spec.Replicas)
+				}
+				env := map[string]string{}
+				for _, e := range pod.Containers[0].Env {
+					if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+						env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+					}
+				}
+				if env["POD_NAMESPACE"] != "metadata.namespace" || env["POD_NAME"] != "metadata.name" {
+					t.Errorf("env %v: --leader-elect needs POD_NAMESPACE and POD_NAME", env)
+				}
+				if a := pod.Affinity; a == nil || a.PodAntiAffinity == nil || len(a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+					t.Errorf("affinity %+v: want the replicas spread over nodes", a)
+				}
+				pdb := only[*policyv1.PodDisruptionBudget](t, r)
+				checkSelector(t, "PodDisruptionBudget", pdb.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
+				if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+					t.Errorf("PodDisruptionBudget maxUnavailable %v, want 1", pdb.Spec.MaxUnavailable)
+				}
 			},
 		},
 		"serving the cluster and a resources file": {

@@ -16,7 +16,7 @@ const docsFile = "Documentation/kubernetes.md"
 
 // schemaNode is the part of values.schema.json this test reads.
 type schemaNode struct {
-	Type                 string                 `json:"type"`
+	Type                 any                    `json:"type"` // a name or a list of names
 	Description          string                 `json:"description"`
 	Properties           map[string]*schemaNode `json:"properties"`
 	AdditionalProperties any                    `json:"additionalProperties"`

@@ -22,6 +22,7 @@ import (
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -60,6 +61,8 @@ var kinds = map[string]struct {
 	"ClusterRoleBinding": {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.ClusterRoleBinding) }},
 	"Role":               {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.Role) }},
 	"RoleBinding":        {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.RoleBinding) }},
+	// More than one replica.
+	"PodDisruptionBudget": {"policy/v1", func() any { return new(policyv1.PodDisruptionBudget) }},
 }
 
 // clusterScoped are the kinds of kinds that have no namespace; every other

@@ -113,3 +113,15 @@ takes it: comma-separated.
 {{- define "l4xds.tlsDir" -}}
 /var/lib/l4xds/tls
 {{- end -}}
+
+{{/* The control plane's replicas: as set, else 2 when it serves the cluster
+(every replica serves xDS, one writes status), else 1 (a file needs no
+more). */}}
+{{- define "l4xds.controlPlaneReplicas" -}}
+{{- $cp := .Values.controlPlane -}}
+{{- if kindIs "invalid" $cp.replicas -}}
+{{- if ($cp.kubernetes | default dict).enabled -}}2{{- else -}}1{{- end -}}
+{{- else -}}
+{{- $cp.replicas -}}
+{{- end -}}
+{{- end -}}
