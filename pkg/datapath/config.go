@@ -82,7 +82,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint("lb-maglev-table-size", def.LBMaglevTableSize, "Size of each service's Maglev lookup table (a prime); a service's usable backends must fit in it")
 	flags.Uint("lb-service-map-max", def.LBServiceMapMax, "Entries of the service map: the most frontends (VIP, port, protocol) the datapath serves")
 	flags.Uint("lb-backend-map-max", def.LBBackendMapMax, "Entries of the backend map: the most backends the datapath holds, counted per frontend")
-	flags.Uint("lb-conntrack-max", def.LBConntrackMax, "Entries of the conntrack map of established flows, two per flow (forward and reply); a changed size takes effect with an empty map, the established flows' conntrack lost")
+	flags.Uint("lb-conntrack-max", def.LBConntrackMax, "Entries of the conntrack map of established flows, two per flow (forward and reply); a changed size makes the map anew at start, with the entries of the old one")
 	flags.Uint("lb-conntrack-new-max", def.LBConntrackNewMax, "Entries of the conntrack map of flows not established yet (TCP before the client's ACK of the backend's SYN-ACK, UDP before the backend's first answer), two per flow; floods of new flows churn this map only")
 	flags.Uint("lb-affinity-max", def.LBAffinityMax, "Entries of the client affinity map: clients of services with session affinity (one per client and service), written once a flow is established")
 	flags.Duration("lb-removed-vip-grace", def.LBRemovedVIPGrace, "How long packets to a VIP whose last frontend was removed are still dropped (counted as removed vip) rather than passed to the node's stack, which may route them back; 0: not at all")

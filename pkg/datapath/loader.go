@@ -119,6 +119,9 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 		return nil, err
 	}
 	d.Maps.removedVIPGrace = cfg.LBRemovedVIPGrace
+	if err = copyFlows(log, &d.objs.L4xdsMaps, d.staged, dir); err != nil {
+		return nil, err
+	}
 	devices, err := resolveDevices(cfg.Devices)
 	if err != nil {
 		return nil, fmt.Errorf("--devices: detect: %w", err)
