@@ -86,6 +86,7 @@ static __always_inline void reply_new(const struct pkt *p,
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
 		return;
 	__builtin_memcpy(&ce, h, sizeof(ce));
+	ce.flags |= tcp_closing(p) ? CT_F_CLOSING : 0;
 	ct_promote(&fk, rk, &ce, now);
 }
 

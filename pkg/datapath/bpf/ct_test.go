@@ -5,15 +5,19 @@ package bpf
 import (
 	"bytes"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 )
 
-// established reports where the flow's forward entry is: l4xds_ct
+// flowState reports where the flow's forward entry is: l4xds_ct
 // (established), l4xds_ct_new (not yet) or nowhere.
 func (d *datapath) flowState(client, vip netip.AddrPort, proto uint8) string {
 	k := ctKey(client, vip, proto, ctForward)
-	if _, ok := d.ct(k); ok {
+	if e, ok := d.ct(k); ok {
+		if e.Flags&ctFClosing != 0 {
+			return "established closing"
+		}
 		return "established"
 	}
 	if e, ok := d.ctNew(k); ok {
@@ -63,6 +67,10 @@ func TestConntrackEstablishment(t *testing.T) {
 		{"SYN, data from the backend", svc, []packet{
 			{"SYN", synSeg, false}, {"data", segment{src: be4a.addr, dst: client4, proto: protoTCP, flags: tcpACK | tcpPSH, seq: 5001, ack: 1001, payload: []byte("hi")}, true},
 		}, "established"},
+		// A FIN is not a SYN: established, and closing.
+		{"SYN, FIN from the backend", svc, []packet{
+			{"SYN", synSeg, false}, {"FIN", segment{src: be4a.addr, dst: client4, proto: protoTCP, flags: tcpFIN | tcpACK, seq: 5001, ack: 1001}, true},
+		}, "established closing"},
 		{"UDP datagram", service{id: 1, vip: vip4, proto: protoUDP, backends: []backend{be4a}}, []packet{
 			{"datagram", udp(client4, vip4, "ping"), false},
 		}, "new"},
@@ -89,7 +97,7 @@ func TestConntrackEstablishment(t *testing.T) {
 			rk := ctKey(be4a.addr, client4, tc.svc.proto, ctReply)
 			_, inCT := d.ct(rk)
 			_, inNew := d.ctNew(rk)
-			if wantCT := tc.want == "established"; inCT != wantCT || inNew == wantCT {
+			if wantCT := strings.HasPrefix(tc.want, "established"); inCT != wantCT || inNew == wantCT {
 				t.Errorf("reply entry in l4xds_ct %v, in l4xds_ct_new %v; want the flow's map (%s)", inCT, inNew, tc.want)
 			}
 		})
