@@ -17,18 +17,54 @@ import (
 // test; the flood sends four times as many new flows of each protocol.
 const floodCTEntries = 1024
 
-var (
-	floodVIPTCP = netip.MustParseAddrPort("192.0.2.20:443")
-	floodVIPUDP = netip.MustParseAddrPort("192.0.2.20:53")
-	floodTCPBe  = []backend{
-		{id: 1, addr: netip.MustParseAddrPort("10.1.0.1:8443")},
-		{id: 2, addr: netip.MustParseAddrPort("10.1.0.2:8443")},
-	}
-	floodUDPBe = []backend{
-		{id: 3, addr: netip.MustParseAddrPort("10.1.0.3:5353")},
-		{id: 4, addr: netip.MustParseAddrPort("10.1.0.4:5353")},
-	}
-)
+// floodFamily is the flood test's addresses in one family: a TCP and a
+// UDP service with two backends each and a third added after the flows
+// are established, the clients, and the spoofed sources.
+type floodFamily struct {
+	name           string
+	vipTCP, vipUDP netip.AddrPort
+	tcpBe, udpBe   []backend
+	tcpNew, udpNew backend
+	client         func(i int) netip.Addr
+	// spoofed draws a random source from a prefix apart from the clients.
+	spoofed func(rng *rand.Rand) netip.AddrPort
+}
+
+func floodBackend(id uint32, a string) backend {
+	return backend{id: id, addr: netip.MustParseAddrPort(a)}
+}
+
+var floodFamilies = []floodFamily{
+	{
+		name:   "IPv4",
+		vipTCP: netip.MustParseAddrPort("192.0.2.20:443"), vipUDP: netip.MustParseAddrPort("192.0.2.20:53"),
+		tcpBe:  []backend{floodBackend(1, "10.1.0.1:8443"), floodBackend(2, "10.1.0.2:8443")},
+		udpBe:  []backend{floodBackend(3, "10.1.0.3:5353"), floodBackend(4, "10.1.0.4:5353")},
+		tcpNew: floodBackend(5, "10.1.0.5:8443"), udpNew: floodBackend(6, "10.1.0.6:5353"),
+		client: func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}) },
+		spoofed: func(rng *rand.Rand) netip.AddrPort { // 100.64.0.0/10
+			var b [4]byte
+			binary.BigEndian.PutUint32(b[:], 100<<24|64<<16|rng.Uint32N(1<<22))
+			return netip.AddrPortFrom(netip.AddrFrom4(b), uint16(1024+rng.IntN(64512)))
+		},
+	},
+	{
+		name:   "IPv6",
+		vipTCP: netip.MustParseAddrPort("[2001:db8::20]:443"), vipUDP: netip.MustParseAddrPort("[2001:db8::20]:53"),
+		tcpBe:  []backend{floodBackend(1, "[fd00::1]:8443"), floodBackend(2, "[fd00::2]:8443")},
+		udpBe:  []backend{floodBackend(3, "[fd00::3]:5353"), floodBackend(4, "[fd00::4]:5353")},
+		tcpNew: floodBackend(5, "[fd00::5]:8443"), udpNew: floodBackend(6, "[fd00::6]:5353"),
+		client: func(i int) netip.Addr {
+			return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 0x18, 14: byte(i >> 8), 15: byte(i)})
+		},
+		spoofed: func(rng *rand.Rand) netip.AddrPort { // 2001:db8:64::/48
+			b := [16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 0x64}
+			binary.BigEndian.PutUint64(b[8:], rng.Uint64())
+			binary.BigEndian.PutUint16(b[6:], uint16(rng.Uint32()))
+			return netip.AddrPortFrom(netip.AddrFrom16(b), uint16(1024+rng.IntN(64512)))
+		},
+	},
+}
 
 // establishedFlow is a flow whose backend answered (and, for TCP, whose
 // client completed the handshake) through the program.
@@ -58,9 +94,16 @@ func (f establishedFlow) replySeg() segment {
 // from random sources, four times as many of each as the established
 // conntrack map holds, open flows the backends never answer.
 func TestConntrackSurvivesFlood(t *testing.T) {
+	for _, fam := range floodFamilies {
+		t.Run(fam.name, func(t *testing.T) { conntrackSurvivesFlood(t, fam) })
+	}
+}
+
+func conntrackSurvivesFlood(t *testing.T, fam floodFamily) {
 	d := newDatapathWith(t, loadOptions{ctEntries: floodCTEntries, ctNewEntries: floodCTEntries})
-	tcpSvc := service{id: 1, vip: floodVIPTCP, proto: protoTCP, flags: svcAffinity, affinityTimeout: 3600, backends: floodTCPBe}
-	udpSvc := service{id: 2, vip: floodVIPUDP, proto: protoUDP, backends: floodUDPBe}
+	floodVIPTCP, floodVIPUDP := fam.vipTCP, fam.vipUDP
+	tcpSvc := service{id: 1, vip: floodVIPTCP, proto: protoTCP, flags: svcAffinity, affinityTimeout: 3600, backends: fam.tcpBe}
+	udpSvc := service{id: 2, vip: floodVIPUDP, proto: protoUDP, backends: fam.udpBe}
 	d.addService(tcpSvc)
 	d.addService(udpSvc)
 
@@ -68,9 +111,7 @@ func TestConntrackSurvivesFlood(t *testing.T) {
 	// before it is full, as its free entries are spread over per-CPU lists.
 	const tcpFlows, udpFlows = 160, 96
 	var flows []establishedFlow
-	clientAt := func(i int) netip.Addr {
-		return netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
-	}
+	clientAt := fam.client
 	for i := range tcpFlows {
 		client := netip.AddrPortFrom(clientAt(i), 40000)
 		synSeg := segment{src: client, dst: floodVIPTCP, proto: protoTCP, flags: tcpSYN, seq: 1000}
@@ -92,8 +133,7 @@ func TestConntrackSurvivesFlood(t *testing.T) {
 	// A backend added to each service takes every new flow from here on
 	// (and the old ones stay active): a flow that lost its conntrack entry
 	// moves to it.
-	tcpNew := backend{id: 5, addr: netip.MustParseAddrPort("10.1.0.5:8443")}
-	udpNew := backend{id: 6, addr: netip.MustParseAddrPort("10.1.0.6:5353")}
+	tcpNew, udpNew := fam.tcpNew, fam.udpNew
 	for _, s := range []struct {
 		svc *service
 		be  backend
@@ -107,15 +147,10 @@ func TestConntrackSurvivesFlood(t *testing.T) {
 		d.setMaglev(s.svc.id, table)
 	}
 
-	// The flood: new flows from random sources (100.64.0.0/10, apart from
-	// the clients), forwarded as any new flow is, never answered.
+	// The flood: new flows from random sources, forwarded as any new flow
+	// is, never answered.
 	rng := rand.New(rand.NewPCG(21, 4))
-	spoofed := func() netip.AddrPort {
-		a := 100<<24 | 64<<16 | rng.Uint32N(1<<22)
-		var b [4]byte
-		binary.BigEndian.PutUint32(b[:], a)
-		return netip.AddrPortFrom(netip.AddrFrom4(b), uint16(1024+rng.IntN(64512)))
-	}
+	spoofed := func() netip.AddrPort { return fam.spoofed(rng) }
 	const flood = 4 * floodCTEntries
 	for range flood {
 		d.mustForward(t, "spoofed SYN", segment{src: spoofed(), dst: floodVIPTCP, proto: protoTCP, flags: tcpSYN, seq: rng.Uint32()}, tcpSvc.backends)
@@ -228,11 +263,21 @@ func protoName(p uint8) string {
 	return "UDP"
 }
 
-// srcOf is the source address and port of an IPv4 TCP or UDP frame
-// without IP options.
+// srcOf is the source address and port of an IPv4 or IPv6 TCP or UDP
+// frame (without IP options or extension headers).
 func srcOf(f []byte) netip.AddrPort {
-	if len(f) < 14+20+4 || binary.BigEndian.Uint16(f[12:]) != 0x0800 {
+	if len(f) < 14 {
 		return netip.AddrPort{}
 	}
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(f[26:30])), binary.BigEndian.Uint16(f[34:]))
+	switch binary.BigEndian.Uint16(f[12:]) {
+	case 0x0800:
+		if len(f) >= 14+20+4 {
+			return netip.AddrPortFrom(netip.AddrFrom4([4]byte(f[26:30])), binary.BigEndian.Uint16(f[34:]))
+		}
+	case 0x86dd:
+		if len(f) >= 14+40+4 {
+			return netip.AddrPortFrom(netip.AddrFrom16([16]byte(f[22:38])), binary.BigEndian.Uint16(f[54:]))
+		}
+	}
+	return netip.AddrPort{}
 }
