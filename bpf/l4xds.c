@@ -60,9 +60,40 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* A backend's answer to a flow not established yet (its reply entry in
+ * l4xds_ct_new, h). UDP: the answer establishes the flow. TCP: a SYN-ACK
+ * is remembered in the forward entry, whose client's ACK of it establishes
+ * the flow; anything else but a RST means the backend's side is
+ * established. A backend answering a spoofed SYN sends SYN-ACKs only, to a
+ * client that never acknowledges them. */
+static __always_inline void reply_new(const struct pkt *p,
+				      const struct lb_ct_key *rk,
+				      struct lb_ct_entry *h, __u64 now)
+{
+	struct lb_ct_key fk = {};
+	struct lb_ct_entry ce;
+	struct lb_ct_entry *f;
+
+	forward_key(&fk, rk, h->vip, h->vip_port);
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_SYN)) {
+		f = bpf_map_lookup_elem(&l4xds_ct_new, &fk);
+		if (f && !(f->flags & CT_F_SYNACK)) {
+			f->synack_ack = bpf_htonl(bpf_ntohl(p->seq) + 1);
+			f->flags |= CT_F_SYNACK;
+		}
+		return;
+	}
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
+		return;
+	__builtin_memcpy(&ce, h, sizeof(ce));
+	ce.flags |= tcp_closing(p) ? CT_F_CLOSING : 0;
+	ct_promote(&fk, rk, &ce, now);
+}
+
 /* A backend's reply: restore the VIP as source. The entries of a flow are
  * refreshed (and marked closing) from either direction, at most once a
- * second. */
+ * second. An expired entry is no entry: the LRU map has not reclaimed it
+ * yet. */
 __noinline int handle_reply(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct lb_ct_key key = { .dir = CT_REPLY };
@@ -76,9 +107,20 @@ __noinline int handle_reply(struct __sk_buff *skb, const struct pkt *p)
 	if (!p)
 		return TCX_DROP;
 	ct_key_of(&key, p);
-	e = bpf_map_lookup_elem(&l4xds_ct, &key);
-	if (!e)
-		return VERDICT_CONTINUE;
+	now = bpf_ktime_get_ns();
+	e = ct_lookup(&l4xds_ct, &key, now);
+	if (!e) {
+		e = ct_lookup(&l4xds_ct_new, &key, now);
+		if (!e)
+			return VERDICT_CONTINUE;
+		__builtin_memcpy(vip, e->vip, 16);
+		vip_port = e->vip_port;
+		svc_id = e->svc_id;
+		if (is_v4mapped(vip) == p->v6)
+			return TCX_NEXT;
+		reply_new(p, &key, e, now);
+		goto rewrite;
+	}
 
 	__builtin_memcpy(vip, e->vip, 16);
 	vip_port = e->vip_port;
@@ -86,7 +128,6 @@ __noinline int handle_reply(struct __sk_buff *skb, const struct pkt *p)
 	if (is_v4mapped(vip) == p->v6)
 		return TCX_NEXT;
 
-	now = bpf_ktime_get_ns();
 	closing = tcp_closing(p) && !(e->flags & CT_F_CLOSING);
 	if (closing || now - e->last_seen >= NSEC_PER_SEC) {
 		struct lb_ct_key fk = {
@@ -110,6 +151,7 @@ __noinline int handle_reply(struct __sk_buff *skb, const struct pkt *p)
 		}
 	}
 
+rewrite:
 	if (nat_rewrite(skb, p, 0, p->saddr, vip, p->sport, vip_port) < 0)
 		return TCX_DROP;
 	if (p->frag)
@@ -131,9 +173,10 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 	struct lb_ct_key fk = { .dir = CT_FORWARD };
 	struct lb_ct_key rk = { .dir = CT_REPLY };
 	struct lb_ct_entry ce = {};
-	struct lb_ct_entry *e;
+	struct lb_ct_entry *e, *h;
 	struct lb_backend *be;
 	__u64 now;
+	int closing;
 
 	if (!p)
 		return TCX_DROP;
@@ -156,7 +199,8 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 	 * client on a VIP:port), which wins: handle_reply takes it. */
 	if (!be || !e) {
 		ct_key_of(&rk, p);
-		if (bpf_map_lookup_elem(&l4xds_ct, &rk))
+		if (ct_lookup(&l4xds_ct, &rk, now) ||
+		    ct_lookup(&l4xds_ct_new, &rk, now))
 			return VERDICT_CONTINUE;
 	}
 
@@ -180,8 +224,7 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 	}
 
 	if (be && e) {
-		int closing = tcp_closing(p) && !(e->flags & CT_F_CLOSING);
-
+		closing = tcp_closing(p) && !(e->flags & CT_F_CLOSING);
 		backend_id = e->backend_id;
 		__builtin_memcpy(baddr, be->addr, 16);
 		bport = be->port;
@@ -196,6 +239,35 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 			reply_key(&rk, p, baddr, bport);
 			goto store_reply;
 		}
+		goto rewrite;
+	}
+
+	/* A flow not established yet: its backend, until the client's ACK
+	 * of the backend's SYN-ACK establishes it. */
+	h = bpf_map_lookup_elem(&l4xds_ct_new, &fk);
+	be = ct_backend(p, h, svc_id, now);
+	if (be && h) {
+		backend_id = h->backend_id;
+		__builtin_memcpy(baddr, be->addr, 16);
+		bport = be->port;
+		reply_key(&rk, p, baddr, bport);
+		if ((h->flags & CT_F_SYNACK) && h->synack_ack == p->ack_seq &&
+		    (p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK)) == TCP_ACK) {
+			__builtin_memcpy(&ce, h, sizeof(ce));
+			ce.flags |= tcp_closing(p) ? CT_F_CLOSING : 0;
+			ct_promote(&fk, &rk, &ce, now);
+			goto rewrite;
+		}
+		closing = tcp_closing(p) && !(h->flags & CT_F_CLOSING);
+		if (!closing && now - h->last_seen < NSEC_PER_SEC &&
+		    reply_is_ours(&rk, p))
+			goto rewrite;
+		/* Refreshed with both entries: the LRU may have evicted one
+		 * apart, or another flow taken the reply entry. */
+		__builtin_memcpy(&ce, h, sizeof(ce));
+		ce.last_seen = now;
+		ce.flags |= closing ? CT_F_CLOSING : 0;
+		ct_new_store(&fk, &rk, &ce);
 		goto rewrite;
 	}
 
@@ -244,26 +316,24 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 	__builtin_memcpy(baddr, be->addr, 16);
 	bport = be->port;
 
-	if (svc_flags & LB_SVC_F_AFFINITY) {
-		struct lb_affinity_key ak = { .svc_id = svc_id };
-		struct lb_affinity av = {
-			.last_used = now,
-			.backend_id = backend_id,
-		};
-
-		__builtin_memcpy(ak.client, p->saddr, 16);
-		bpf_map_update_elem(&l4xds_affinity, &ak, &av, BPF_ANY);
-	}
-
-	ce.flags = tcp_closing(p) ? CT_F_CLOSING : 0;
+	/* A new flow: in l4xds_ct_new until established. */
+	ce.flags = CT_F_NEW | (tcp_closing(p) ? CT_F_CLOSING : 0) |
+		   ((svc_flags & LB_SVC_F_AFFINITY) ? CT_F_AFFINITY : 0);
 	ce.last_seen = now;
 	ce.backend_id = backend_id;
 	ce.svc_id = svc_id;
-	bpf_map_update_elem(&l4xds_ct, &fk, &ce, BPF_ANY);
-
+	__builtin_memcpy(ce.vip, p->daddr, 16);
+	ce.vip_port = p->dport;
 	reply_key(&rk, p, baddr, bport);
+	/* The established entries these ports may still have (a closed
+	 * connection, a backend gone) would take the new flow's packets. */
+	if (e)
+		bpf_map_delete_elem(&l4xds_ct, &fk);
+	ct_new_store(&fk, &rk, &ce);
+	goto rewrite;
+
 store_reply:
-	reply_claim(&rk, p);
+	reply_claim(&rk, p->daddr, p->dport);
 	ce.last_seen = now;
 	ce.backend_id = backend_id;
 	ce.svc_id = svc_id;

@@ -14,10 +14,13 @@
 #include <linux/types.h>
 
 /* Sizes of the maps. The Maglev inner table size is a load-time constant
- * (--lb-maglev-table-size), see maglev_size in l4xds.c. */
+ * (--lb-maglev-table-size), see maglev_size in l4xds.c. The loader sizes
+ * the services, backends, conntrack and affinity maps from its flags; these
+ * are the defaults. */
 #define LB_SERVICES_MAX 65536
 #define LB_BACKENDS_MAX (1 << 20)
 #define LB_CT_MAX (1 << 20)
+#define LB_CT_NEW_MAX (1 << 18)
 #define LB_AFFINITY_MAX (1 << 16)
 #define LB_SOURCE_RANGES_MAX 65536
 #define LB_FRAGS_MAX 8192
@@ -83,6 +86,13 @@ enum {
 	LB_BACKEND_F_STANDBY = 1 << 0,
 };
 
+/* Conntrack is two LRU maps with the same layout. l4xds_ct_new holds the
+ * flows not established yet: a TCP flow until the client acknowledges the
+ * backend's SYN-ACK (or the backend sends anything but a SYN or a RST), a
+ * UDP flow until the backend's first answer. Established, a flow's entries
+ * move to l4xds_ct. New flows, spoofed ones included, only ever write
+ * l4xds_ct_new: a flood of them cannot evict an established flow's
+ * entries, and its own entries live CT_LIFETIME_NEW. */
 enum {
 	CT_FORWARD = 0, /* client -> VIP: which backend */
 	CT_REPLY = 1,   /* backend -> client: which VIP to restore */
@@ -104,6 +114,14 @@ enum {
 	 * flow's reply entry (see reply_claim): the next packet writes it
 	 * back. */
 	CT_F_REPLY_LOST = 1 << 1,
+	/* An entry of l4xds_ct_new: lifetime CT_LIFETIME_NEW. */
+	CT_F_NEW = 1 << 2,
+	/* l4xds_ct_new: the service has client affinity, written once the
+	 * flow is established (so that spoofed sources cannot flush it). */
+	CT_F_AFFINITY = 1 << 3,
+	/* l4xds_ct_new CT_FORWARD: the backend's SYN-ACK passed; the client's
+	 * ACK of it (ack_seq == synack_ack) establishes the flow. */
+	CT_F_SYNACK = 1 << 4,
 };
 
 struct lb_ct_entry {
@@ -114,13 +132,16 @@ struct lb_ct_entry {
 	__be16 vip_port;
 	__u8 flags;       /* CT_F_* */
 	__u8 pad;
-	__u32 pad2;
+	__be32 synack_ack; /* CT_F_SYNACK: the backend's initial sequence + 1 */
 };
 
-/* Lifetimes of a conntrack entry since its last packet, in seconds. */
+/* Lifetimes of a conntrack entry since its last packet, in seconds. A flow
+ * not established lives CT_LIFETIME_NEW (Cilium's ct-timeout-syn), or
+ * CT_LIFETIME_TCP_CLOSING once closing. */
 #define CT_LIFETIME_TCP 21600
 #define CT_LIFETIME_TCP_CLOSING 10
 #define CT_LIFETIME_NONTCP 60
+#define CT_LIFETIME_NEW 60
 
 /* A fragmented datagram through the load balancer: only its first fragment
  * carries the ports, so the address its flow was translated to is kept

@@ -20,14 +20,29 @@ static __always_inline int tcp_closing(const struct pkt *p)
 }
 
 static __always_inline int ct_expired(const struct lb_ct_entry *e,
-				      const struct pkt *p, __u64 now)
+				      __u8 proto, __u64 now)
 {
 	__u64 lifetime = CT_LIFETIME_NONTCP;
 
-	if (p->proto == IPPROTO_TCP)
-		lifetime = (e->flags & CT_F_CLOSING) ? CT_LIFETIME_TCP_CLOSING
-						     : CT_LIFETIME_TCP;
+	if (proto == IPPROTO_TCP && (e->flags & CT_F_CLOSING))
+		lifetime = CT_LIFETIME_TCP_CLOSING;
+	else if (e->flags & CT_F_NEW)
+		lifetime = CT_LIFETIME_NEW;
+	else if (proto == IPPROTO_TCP)
+		lifetime = CT_LIFETIME_TCP;
 	return now - e->last_seen > lifetime * NSEC_PER_SEC;
+}
+
+/* The live entry of key in map, if any. */
+static __always_inline struct lb_ct_entry *ct_lookup(void *map,
+						     const struct lb_ct_key *key,
+						     __u64 now)
+{
+	struct lb_ct_entry *e = bpf_map_lookup_elem(map, key);
+
+	if (!e || ct_expired(e, key->proto, now))
+		return NULL;
+	return e;
 }
 
 /* The backend of an existing flow, if the flow may keep it: whatever its
@@ -38,7 +53,7 @@ ct_backend(const struct pkt *p, struct lb_ct_entry *e, __u32 svc_id, __u64 now)
 {
 	struct lb_backend *be;
 
-	if (!e || e->svc_id != svc_id || ct_expired(e, p, now))
+	if (!e || e->svc_id != svc_id || ct_expired(e, p->proto, now))
 		return NULL;
 	/* A new connection on the ports of one that closed. */
 	if ((e->flags & CT_F_CLOSING) && p->proto == IPPROTO_TCP &&
@@ -86,28 +101,100 @@ static __always_inline void reply_key(struct lb_ct_key *rk, const struct pkt *p,
 
 /* The reply key has no VIP in it: a client that reuses its port for
  * another VIP with the same backend takes the entry over. Before the
- * reply entry of p's flow is written, the flow that holds it for another
- * VIP is marked CT_F_REPLY_LOST, and its next packet takes it back. So the
- * established path needs no lookup of the reply entry: it is written again
- * when marked, and with every refresh (at most once a second), which also
- * restores an entry the LRU evicted. */
+ * reply entry rk of a flow to vip:vip_port is written, the flow that holds
+ * it for another VIP is marked CT_F_REPLY_LOST, and its next packet takes
+ * it back. So the established path needs no lookup of the reply entry: it
+ * is written again when marked, and with every refresh (at most once a
+ * second), which also restores an entry the LRU evicted. */
 static __always_inline void reply_claim(const struct lb_ct_key *rk,
-					const struct pkt *p)
+					const __u32 *vip, __be16 vip_port)
 {
 	struct lb_ct_key fk = { .dir = CT_FORWARD };
 	struct lb_ct_entry *r, *f;
 
 	r = bpf_map_lookup_elem(&l4xds_ct, rk);
-	if (!r || (r->vip_port == p->dport && addr_eq(r->vip, p->daddr)))
+	if (!r || (r->vip_port == vip_port && addr_eq(r->vip, vip)))
 		return;
-	__builtin_memcpy(fk.saddr, p->saddr, 16);
+	__builtin_memcpy(fk.saddr, rk->daddr, 16);
 	__builtin_memcpy(fk.daddr, r->vip, 16);
-	fk.sport = p->sport;
+	fk.sport = rk->dport;
 	fk.dport = r->vip_port;
-	fk.proto = p->proto;
+	fk.proto = rk->proto;
 	f = bpf_map_lookup_elem(&l4xds_ct, &fk);
 	if (f)
 		f->flags |= CT_F_REPLY_LOST;
+}
+
+/* Whether the half-open reply entry rk names p's VIP. */
+static __always_inline int reply_is_ours(const struct lb_ct_key *rk,
+					 const struct pkt *p)
+{
+	struct lb_ct_entry *r = bpf_map_lookup_elem(&l4xds_ct_new, rk);
+
+	return r && r->vip_port == p->dport && addr_eq(r->vip, p->daddr);
+}
+
+/* The forward key of the flow whose reply key is rk, to vip:vip_port. */
+static __always_inline void forward_key(struct lb_ct_key *fk,
+					const struct lb_ct_key *rk,
+					const __u32 *vip, __be16 vip_port)
+{
+	__builtin_memcpy(fk->saddr, rk->daddr, 16);
+	__builtin_memcpy(fk->daddr, vip, 16);
+	fk->sport = rk->dport;
+	fk->dport = vip_port;
+	fk->proto = rk->proto;
+	fk->dir = CT_FORWARD;
+}
+
+/* Writes a new flow's entries into l4xds_ct_new: the forward entry fk
+ * (which backend) and the reply entry rk (which VIP to restore, for the
+ * backend's SYN-ACK or first answer). An established flow of the same
+ * client port to another VIP with the same backend address has the reply
+ * entry in l4xds_ct, which would win: it is taken over (reply_claim), as
+ * it would be by an established flow, and so is a stale one of a closed
+ * flow to the same VIP. */
+static __always_inline void ct_new_store(const struct lb_ct_key *fk,
+					 const struct lb_ct_key *rk,
+					 struct lb_ct_entry *ce)
+{
+	if (bpf_map_lookup_elem(&l4xds_ct, rk)) {
+		reply_claim(rk, ce->vip, ce->vip_port);
+		bpf_map_delete_elem(&l4xds_ct, rk);
+	}
+	bpf_map_update_elem(&l4xds_ct_new, fk, ce, BPF_ANY);
+	bpf_map_update_elem(&l4xds_ct_new, rk, ce, BPF_ANY);
+}
+
+/* The flow of fk and rk is established: its entries move from
+ * l4xds_ct_new to l4xds_ct, and the client's affinity (if the service has
+ * it) is written. Only here: so that a flood of new flows, spoofed sources
+ * included, writes nothing but l4xds_ct_new. ce is the half-open entry's
+ * content, vip and vip_port included. */
+static __always_inline void ct_promote(const struct lb_ct_key *fk,
+				       const struct lb_ct_key *rk,
+				       struct lb_ct_entry *ce, __u64 now)
+{
+	__u8 flags = ce->flags;
+
+	ce->last_seen = now;
+	ce->flags = flags & CT_F_CLOSING;
+	ce->synack_ack = 0;
+	bpf_map_update_elem(&l4xds_ct, fk, ce, BPF_ANY);
+	reply_claim(rk, ce->vip, ce->vip_port);
+	bpf_map_update_elem(&l4xds_ct, rk, ce, BPF_ANY);
+	if (flags & CT_F_AFFINITY) {
+		struct lb_affinity_key ak = { .svc_id = ce->svc_id };
+		struct lb_affinity av = {
+			.last_used = now,
+			.backend_id = ce->backend_id,
+		};
+
+		__builtin_memcpy(ak.client, fk->saddr, 16);
+		bpf_map_update_elem(&l4xds_affinity, &ak, &av, BPF_ANY);
+	}
+	bpf_map_delete_elem(&l4xds_ct_new, fk);
+	bpf_map_delete_elem(&l4xds_ct_new, rk);
 }
 
 #endif /* L4XDS_LIB_CONNTRACK_H */

@@ -67,6 +67,7 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 	__u32 svc_id;
 	__be16 new_port;
 	__s64 s;
+	__u64 now;
 	int reply;
 
 	if (!p)
@@ -123,8 +124,12 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 	/* The flow's entry seen from the quoted packet's receiver. */
 	key.sport = l4h.ports[1];
 	key.dport = l4h.ports[0];
+	/* Established flows and new ones alike (an error may answer a SYN). */
+	now = bpf_ktime_get_ns();
 	key.dir = CT_REPLY;
-	e = bpf_map_lookup_elem(&l4xds_ct, &key);
+	e = ct_lookup(&l4xds_ct, &key, now);
+	if (!e)
+		e = ct_lookup(&l4xds_ct_new, &key, now);
 	if (e) {
 		reply = 1;
 		svc_id = e->svc_id;
@@ -136,7 +141,9 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 		struct lb_backend *be;
 
 		key.dir = CT_FORWARD;
-		e = bpf_map_lookup_elem(&l4xds_ct, &key);
+		e = ct_lookup(&l4xds_ct, &key, now);
+		if (!e)
+			e = ct_lookup(&l4xds_ct_new, &key, now);
 		if (!e)
 			return VERDICT_CONTINUE;
 		svc_id = e->svc_id;

@@ -61,6 +61,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } l4xds_ct SEC(".maps");
 
+/* Flows not established yet (see CT_F_NEW): what new flows, and floods of
+ * them, write and churn, apart from l4xds_ct. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_CT_NEW_MAX);
+	__type(key, struct lb_ct_key);
+	__type(value, struct lb_ct_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} l4xds_ct_new SEC(".maps");
+
 /* Later fragments of a datagram: the translation of its first fragment.
  * Entries are not removed when the last fragment passes (fragments may
  * come out of order); the LRU recycles them, and the next datagram with

@@ -37,16 +37,25 @@ func TestPrivilegedAffinityYieldsToPriorityFailover(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// newFlow sends a SYN from the client's port and returns the address
-	// it was sent on to.
+	// newFlow opens a connection from the client's port (SYN, the
+	// backend's SYN-ACK, the client's ACK: affinity is written once a flow
+	// is established) and returns the address it was sent on to.
 	newFlow := func(port uint16) netip.Addr {
 		t.Helper()
-		opts := ebpf.RunOptions{Data: tcp4Frame(netip.AddrPortFrom(client, port), vip, tcpSYN), DataOut: make([]byte, 256)}
-		ret, err := dp.objs.L4xdsIngress.Run(&opts)
-		if err != nil || int32(ret) == tcxDrop {
-			t.Fatalf("SYN from port %d: verdict %d, %v", port, int32(ret), err)
+		src := netip.AddrPortFrom(client, port)
+		run := func(what string, frame []byte) []byte {
+			t.Helper()
+			opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, 256)}
+			ret, err := dp.objs.L4xdsIngress.Run(&opts)
+			if err != nil || int32(ret) == tcxDrop {
+				t.Fatalf("%s of port %d: verdict %d, %v", what, port, int32(ret), err)
+			}
+			return opts.DataOut
 		}
-		dst, _ := netip.AddrFromSlice(opts.DataOut[14+16 : 14+20])
+		out := run("SYN", tcp4Frame(src, vip, tcpSYN, 0, 0))
+		dst, _ := netip.AddrFromSlice(out[14+16 : 14+20])
+		run("SYN-ACK", tcp4Frame(netip.AddrPortFrom(dst, vip.Port()), src, tcpSYN|tcpACK, 5000, 1))
+		run("ACK", tcp4Frame(src, vip, tcpACK, 1, 5001))
 		return dst
 	}
 

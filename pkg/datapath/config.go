@@ -25,6 +25,13 @@ type Config struct {
 	// keyed by service: Maglev tables, VIPs) and the backend map.
 	LBServiceMapMax uint
 	LBBackendMapMax uint
+	// LBConntrackMax sizes the conntrack map of established flows,
+	// LBConntrackNewMax that of flows not established yet, which floods of
+	// new flows churn apart from the established ones, and LBAffinityMax
+	// the client affinity map. All three are LRU maps.
+	LBConntrackMax    uint
+	LBConntrackNewMax uint
+	LBAffinityMax     uint
 	// LBRemovedVIPGrace is how long the packets to a VIP are still dropped
 	// once its last frontend is removed, rather than passed to the stack,
 	// which would route them back out (l4xds_old_vips).
@@ -43,12 +50,26 @@ const (
 	MaxBackendMapMax = 1 << 24
 )
 
+// The bounds of --lb-conntrack-max, --lb-conntrack-new-max and
+// --lb-affinity-max (those of Cilium's CT maps): LRU maps are preallocated,
+// about 150 bytes per conntrack entry.
+const (
+	MinFlowMapMax = 1 << 10
+	MaxFlowMapMax = 1 << 24
+)
+
 var DefaultConfig = Config{
 	Datapath:          "bpf",
 	BPFRoot:           "/sys/fs/bpf",
 	LBMaglevTableSize: 1021,
 	LBServiceMapMax:   1 << 16,
 	LBBackendMapMax:   1 << 20,
+	// Half a million established flows (two entries each); a quarter
+	// as many new ones: under a flood of R new flows a second, a
+	// handshake completes if it takes less than LBConntrackNewMax/(2R).
+	LBConntrackMax:    1 << 20,
+	LBConntrackNewMax: 1 << 18,
+	LBAffinityMax:     1 << 16,
 	// Longer than a client's SYN retries (about 2 minutes on Linux) and
 	// than the withdrawal of the VIP's route is expected to take.
 	LBRemovedVIPGrace: 5 * time.Minute,
@@ -61,6 +82,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint("lb-maglev-table-size", def.LBMaglevTableSize, "Size of each service's Maglev lookup table (a prime); a service's usable backends must fit in it")
 	flags.Uint("lb-service-map-max", def.LBServiceMapMax, "Entries of the service map: the most frontends (VIP, port, protocol) the datapath serves")
 	flags.Uint("lb-backend-map-max", def.LBBackendMapMax, "Entries of the backend map: the most backends the datapath holds, counted per frontend")
+	flags.Uint("lb-conntrack-max", def.LBConntrackMax, "Entries of the conntrack map of established flows, two per flow (forward and reply); a changed size makes the map anew at start, with the entries of the old one")
+	flags.Uint("lb-conntrack-new-max", def.LBConntrackNewMax, "Entries of the conntrack map of flows not established yet (TCP before the client's ACK of the backend's SYN-ACK, UDP before the backend's first answer), two per flow; floods of new flows churn this map only")
+	flags.Uint("lb-affinity-max", def.LBAffinityMax, "Entries of the client affinity map: clients of services with session affinity (one per client and service), written once a flow is established")
 	flags.Duration("lb-removed-vip-grace", def.LBRemovedVIPGrace, "How long packets to a VIP whose last frontend was removed are still dropped (counted as removed vip) rather than passed to the node's stack, which may route them back; 0: not at all")
 }
 
@@ -86,6 +110,18 @@ func (c Config) Validate() error {
 	}
 	if c.LBBackendMapMax < 1 || c.LBBackendMapMax > MaxBackendMapMax {
 		return fmt.Errorf("--lb-backend-map-max: %d is not in 1..%d", c.LBBackendMapMax, MaxBackendMapMax)
+	}
+	for _, f := range []struct {
+		flag string
+		v    uint
+	}{
+		{"--lb-conntrack-max", c.LBConntrackMax},
+		{"--lb-conntrack-new-max", c.LBConntrackNewMax},
+		{"--lb-affinity-max", c.LBAffinityMax},
+	} {
+		if f.v < MinFlowMapMax || f.v > MaxFlowMapMax {
+			return fmt.Errorf("%s: %d is not in %d..%d", f.flag, f.v, MinFlowMapMax, MaxFlowMapMax)
+		}
 	}
 	return nil
 }

@@ -27,6 +27,12 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		{withMaps(1<<16, 0), "--lb-backend-map-max: 0 is not in 1..16777216"},
 		{withMaps(1<<16, 1<<24+1), "--lb-backend-map-max: 16777217 is not in 1..16777216"},
 		{withMaps(1<<16, 1<<24), ""},
+		{withFlowMaps(1<<10, 1<<10, 1<<10), ""},
+		{withFlowMaps(1<<24, 1<<24, 1<<24), ""},
+		{withFlowMaps(1000, 1<<18, 1<<16), "--lb-conntrack-max: 1000 is not in 1024..16777216"},
+		{withFlowMaps(1<<24+1, 1<<18, 1<<16), "--lb-conntrack-max: 16777217 is not in 1024..16777216"},
+		{withFlowMaps(1<<20, 0, 1<<16), "--lb-conntrack-new-max: 0 is not in 1024..16777216"},
+		{withFlowMaps(1<<20, 1<<18, 1<<25), "--lb-affinity-max: 33554432 is not in 1024..16777216"},
 		{withGrace(-time.Second), "--lb-removed-vip-grace: -1s is negative"},
 		{withGrace(0), ""},
 	} {
@@ -46,6 +52,12 @@ func withGrace(d time.Duration) Config {
 func withMaglev(datapath string, size uint) Config {
 	c := DefaultConfig
 	c.Datapath, c.LBMaglevTableSize = datapath, size
+	return c
+}
+
+func withFlowMaps(ct, ctNew, affinity uint) Config {
+	c := DefaultConfig
+	c.LBConntrackMax, c.LBConntrackNewMax, c.LBAffinityMax = ct, ctNew, affinity
 	return c
 }
 
@@ -73,7 +85,8 @@ func TestConfigCapacity(t *testing.T) {
 
 func TestConfigDefaultsToTheBPFDatapath(t *testing.T) {
 	if DefaultConfig.Datapath != "bpf" || DefaultConfig.BPFRoot != "/sys/fs/bpf" || DefaultConfig.LBMaglevTableSize != 1021 ||
-		DefaultConfig.LBServiceMapMax != 65536 || DefaultConfig.LBBackendMapMax != 1<<20 || DefaultConfig.LBRemovedVIPGrace != 5*time.Minute {
-		t.Errorf("defaults %+v, want --datapath=bpf --bpf-root=/sys/fs/bpf --lb-maglev-table-size=1021 --lb-service-map-max=65536 --lb-backend-map-max=1048576 (the sizes of the maps before these flags)", DefaultConfig)
+		DefaultConfig.LBServiceMapMax != 65536 || DefaultConfig.LBBackendMapMax != 1<<20 || DefaultConfig.LBRemovedVIPGrace != 5*time.Minute ||
+		DefaultConfig.LBConntrackMax != 1<<20 || DefaultConfig.LBAffinityMax != 1<<16 {
+		t.Errorf("defaults %+v, want --datapath=bpf --bpf-root=/sys/fs/bpf --lb-maglev-table-size=1021 --lb-service-map-max=65536 --lb-backend-map-max=1048576 --lb-conntrack-max=1048576 --lb-affinity-max=65536 (the sizes of the maps before these flags)", DefaultConfig)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"iter"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -27,6 +28,8 @@ const (
 	CTLifetimeTCP        = 21600 * time.Second
 	CTLifetimeTCPClosing = 10 * time.Second
 	CTLifetimeNonTCP     = 60 * time.Second
+	// CTLifetimeNew is that of a flow not established yet (CT_LIFETIME_NEW).
+	CTLifetimeNew = 60 * time.Second
 )
 
 // Conntrack entries' directions and flags (CT_FORWARD, CT_REPLY, CT_F_*).
@@ -35,13 +38,19 @@ const (
 	ctReply   = 1
 
 	ctFlagClosing = 1 << 0
+	ctFlagNew     = 1 << 2
 )
 
-// CTEntry is an entry of l4xds_ct, with both its key and its value
-// decoded. Every flow has two: the forward entry (client -> VIP) says which
-// backend the flow has; the reply entry (backend -> client) says which
-// VIP to restore as the source of the backend's answers.
+// CTEntry is an entry of l4xds_ct (established flows) or l4xds_ct_new
+// (flows not established yet), with both its key and its value decoded.
+// Every flow has two: the forward entry (client -> VIP) says which backend
+// the flow has; the reply entry (backend -> client) says which VIP to
+// restore as the source of the backend's answers.
 type CTEntry struct {
+	// New is true for an entry of l4xds_ct_new: a TCP flow whose client
+	// has not acknowledged the backend's SYN-ACK, a UDP flow whose backend
+	// has not answered.
+	New bool
 	// Reply is true for a reply entry (CT_REPLY).
 	Reply    bool
 	Protocol lb.L4Type
@@ -65,10 +74,12 @@ type CTEntry struct {
 // judge it (ct_expired).
 func (e CTEntry) Lifetime() time.Duration {
 	switch {
+	case e.Protocol == lb.TCP && e.Closing:
+		return CTLifetimeTCPClosing
+	case e.New:
+		return CTLifetimeNew
 	case e.Protocol != lb.TCP:
 		return CTLifetimeNonTCP
-	case e.Closing:
-		return CTLifetimeTCPClosing
 	}
 	return CTLifetimeTCP
 }
@@ -101,12 +112,14 @@ func Ktime() (time.Duration, error) {
 
 // Flows are the pinned conntrack and affinity maps, opened for reading.
 type Flows struct {
-	ct       *ebpf.Map
+	ct *ebpf.Map
+	// ctNew is nil in the pins of an agent before l4xds_ct_new.
+	ctNew    *ebpf.Map
 	affinity *ebpf.Map
 }
 
-// OpenPinnedFlows opens l4xds_ct and l4xds_affinity pinned under
-// <bpfRoot>/l4xds for reading.
+// OpenPinnedFlows opens l4xds_ct, l4xds_ct_new and l4xds_affinity pinned
+// under <bpfRoot>/l4xds for reading.
 func OpenPinnedFlows(bpfRoot string) (*Flows, error) {
 	open := func(name string) (*ebpf.Map, error) {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(bpfRoot, PinDir, name), &ebpf.LoadPinOptions{ReadOnly: true})
@@ -119,37 +132,61 @@ func OpenPinnedFlows(bpfRoot string) (*Flows, error) {
 	if err != nil {
 		return nil, err
 	}
-	affinity, err := open(bpf.L4xdsMapL4xdsAffinity)
-	if err != nil {
+	ctNew, err := open(bpf.L4xdsMapL4xdsCtNew)
+	if errors.Is(err, os.ErrNotExist) {
+		ctNew = nil
+	} else if err != nil {
 		ct.Close()
 		return nil, err
 	}
-	return &Flows{ct: ct, affinity: affinity}, nil
+	affinity, err := open(bpf.L4xdsMapL4xdsAffinity)
+	if err != nil {
+		ct.Close()
+		if ctNew != nil {
+			ctNew.Close()
+		}
+		return nil, err
+	}
+	return &Flows{ct: ct, ctNew: ctNew, affinity: affinity}, nil
 }
 
 // Close closes the handles; the pinned maps stay.
 func (f *Flows) Close() error {
-	return errors.Join(f.ct.Close(), f.affinity.Close())
+	errs := []error{f.ct.Close(), f.affinity.Close()}
+	if f.ctNew != nil {
+		errs = append(errs, f.ctNew.Close())
+	}
+	return errors.Join(errs...)
 }
 
-// Conntrack returns the entries of l4xds_ct. The map changes with traffic
-// while it is read: an entry may be missed or seen twice. An error ends
+// Conntrack returns the entries of l4xds_ct, then those of l4xds_ct_new.
+// The maps change with traffic while they are read: an entry may be
+// missed or seen twice, a flow's entries seen in both maps. An error ends
 // the sequence.
 func (f *Flows) Conntrack() iter.Seq2[CTEntry, error] {
 	return func(yield func(CTEntry, error) bool) {
-		var (
-			k bpf.L4xdsLbCtKey
-			v bpf.L4xdsLbCtEntry
-		)
-		it := f.ct.Iterate()
-		for it.Next(&k, &v) {
-			e, err := ctEntryFromBPF(k, v)
-			if !yield(e, err) || err != nil {
+		for _, m := range []struct {
+			name string
+			m    *ebpf.Map
+		}{{bpf.L4xdsMapL4xdsCt, f.ct}, {bpf.L4xdsMapL4xdsCtNew, f.ctNew}} {
+			if m.m == nil {
+				continue
+			}
+			var (
+				k bpf.L4xdsLbCtKey
+				v bpf.L4xdsLbCtEntry
+			)
+			it := m.m.Iterate()
+			for it.Next(&k, &v) {
+				e, err := ctEntryFromBPF(m.name, k, v)
+				if !yield(e, err) || err != nil {
+					return
+				}
+			}
+			if err := it.Err(); err != nil {
+				yield(CTEntry{}, fmt.Errorf("iterate %s: %w", m.name, err))
 				return
 			}
-		}
-		if err := it.Err(); err != nil {
-			yield(CTEntry{}, fmt.Errorf("iterate %s: %w", bpf.L4xdsMapL4xdsCt, err))
 		}
 	}
 }
@@ -180,21 +217,22 @@ func (f *Flows) Affinity() iter.Seq2[AffinityEntry, error] {
 	}
 }
 
-// ctEntryFromBPF decodes an entry as handle_service writes it: the forward
-// key is the client's packet (client -> VIP), the reply key the backend's
-// answer (backend -> client).
-func ctEntryFromBPF(k bpf.L4xdsLbCtKey, v bpf.L4xdsLbCtEntry) (CTEntry, error) {
+// ctEntryFromBPF decodes an entry of the map called name as handle_service
+// writes it: the forward key is the client's packet (client -> VIP), the
+// reply key the backend's answer (backend -> client).
+func ctEntryFromBPF(name string, k bpf.L4xdsLbCtKey, v bpf.L4xdsLbCtEntry) (CTEntry, error) {
 	src := netip.AddrPortFrom(addrFromBPF(k.Saddr), portFromBPF(k.Sport))
 	dst := netip.AddrPortFrom(addrFromBPF(k.Daddr), portFromBPF(k.Dport))
 	e := CTEntry{
 		BackendID: v.BackendId,
 		ServiceID: v.SvcId,
 		Closing:   v.Flags&ctFlagClosing != 0,
+		New:       v.Flags&ctFlagNew != 0,
 		LastSeen:  time.Duration(v.LastSeen),
 	}
 	proto, err := protoFromBPF(k.Proto)
 	if err != nil {
-		return e, fmt.Errorf("%s: entry %s -> %s: %w", bpf.L4xdsMapL4xdsCt, src, dst, err)
+		return e, fmt.Errorf("%s: entry %s -> %s: %w", name, src, dst, err)
 	}
 	e.Protocol = proto
 	switch k.Dir {
@@ -205,7 +243,7 @@ func ctEntryFromBPF(k bpf.L4xdsLbCtKey, v bpf.L4xdsLbCtEntry) (CTEntry, error) {
 		e.Backend, e.Client = src, dst
 		e.Frontend = netip.AddrPortFrom(addrFromBPF(v.Vip), portFromBPF(v.VipPort))
 	default:
-		return e, fmt.Errorf("%s: entry %s -> %s: direction %d is not CT_FORWARD or CT_REPLY", bpf.L4xdsMapL4xdsCt, src, dst, k.Dir)
+		return e, fmt.Errorf("%s: entry %s -> %s: direction %d is not CT_FORWARD or CT_REPLY", name, src, dst, k.Dir)
 	}
 	return e, nil
 }

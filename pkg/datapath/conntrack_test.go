@@ -58,6 +58,20 @@ func TestCTEntryDecodesBothDirections(t *testing.T) {
 			life: CTLifetimeNonTCP,
 		},
 		{
+			name: "new TCP",
+			k:    key(client, vip, ipprotoTCP, ctForward),
+			v:    bpf.L4xdsLbCtEntry{LastSeen: 5e9, BackendId: 7, SvcId: 2, Flags: ctFlagNew},
+			want: CTEntry{New: true, Protocol: lb.TCP, Client: client, Frontend: vip, BackendID: 7, ServiceID: 2, LastSeen: 5 * time.Second},
+			life: CTLifetimeNew,
+		},
+		{
+			name: "new TCP closing",
+			k:    key(client, vip, ipprotoTCP, ctForward),
+			v:    bpf.L4xdsLbCtEntry{LastSeen: 5e9, BackendId: 7, SvcId: 2, Flags: ctFlagNew | ctFlagClosing},
+			want: CTEntry{New: true, Closing: true, Protocol: lb.TCP, Client: client, Frontend: vip, BackendID: 7, ServiceID: 2, LastSeen: 5 * time.Second},
+			life: CTLifetimeTCPClosing,
+		},
+		{
 			name: "unknown direction",
 			k:    key(client, vip, ipprotoUDP, 9),
 			err:  "l4xds_ct: entry 10.0.0.2:40000 -> 10.1.2.3:3306: direction 9 is not CT_FORWARD or CT_REPLY",
@@ -69,7 +83,7 @@ func TestCTEntryDecodesBothDirections(t *testing.T) {
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := ctEntryFromBPF(c.k, c.v)
+			got, err := ctEntryFromBPF(bpf.L4xdsMapL4xdsCt, c.k, c.v)
 			if c.err != "" {
 				if err == nil || err.Error() != c.err {
 					t.Fatalf("error %v, want %q", err, c.err)
@@ -149,9 +163,9 @@ func conntrackOfAFlow(t *testing.T, verdict int32) {
 	client := netip.MustParseAddrPort("10.0.0.2:40000")
 	vip := netip.MustParseAddrPort("10.1.2.3:3306")
 	backend := netip.MustParseAddrPort("192.168.1.10:3306")
-	run := func(src, dst netip.AddrPort, flags uint8) {
+	run := func(src, dst netip.AddrPort, flags uint8, seq, ack uint32) {
 		t.Helper()
-		ret, err := dp.objs.L4xdsIngress.Run(&ebpf.RunOptions{Data: tcp4Frame(src, dst, flags)})
+		ret, err := dp.objs.L4xdsIngress.Run(&ebpf.RunOptions{Data: tcp4Frame(src, dst, flags, seq, ack)})
 		if err != nil || int32(ret) != verdict {
 			t.Fatalf("BPF_PROG_RUN %s -> %s: verdict %d, %v; want %d", src, dst, int32(ret), err, verdict)
 		}
@@ -173,9 +187,27 @@ func conntrackOfAFlow(t *testing.T, verdict int32) {
 		slices.SortFunc(out, func(a, b CTEntry) int { return boolCmp(a.Reply, b.Reply) })
 		return out
 	}
+	affinity := func() []AffinityEntry {
+		t.Helper()
+		flows, err := OpenPinnedFlows(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer flows.Close()
+		var out []AffinityEntry
+		for e, err := range flows.Affinity() {
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, e)
+		}
+		return out
+	}
 
+	// A SYN: the flow is new, both entries in l4xds_ct_new, and no
+	// affinity yet.
 	before, _ := Ktime()
-	run(client, vip, tcpSYN)
+	run(client, vip, tcpSYN, 0, 0)
 	after, _ := Ktime()
 	got := entries()
 	if len(got) != 2 {
@@ -183,8 +215,8 @@ func conntrackOfAFlow(t *testing.T, verdict int32) {
 	}
 	backendID := got[0].BackendID
 	want := []CTEntry{
-		{Protocol: lb.TCP, Client: client, Frontend: vip, BackendID: backendID, ServiceID: svcID, LastSeen: got[0].LastSeen},
-		{Reply: true, Protocol: lb.TCP, Client: client, Frontend: vip, Backend: backend, BackendID: backendID, ServiceID: svcID, LastSeen: got[1].LastSeen},
+		{New: true, Protocol: lb.TCP, Client: client, Frontend: vip, BackendID: backendID, ServiceID: svcID, LastSeen: got[0].LastSeen},
+		{New: true, Reply: true, Protocol: lb.TCP, Client: client, Frontend: vip, Backend: backend, BackendID: backendID, ServiceID: svcID, LastSeen: got[1].LastSeen},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("entries after a SYN:\n%+v\nwant\n%+v", got, want)
@@ -193,13 +225,34 @@ func conntrackOfAFlow(t *testing.T, verdict int32) {
 		if e.LastSeen < before || e.LastSeen > after {
 			t.Errorf("last seen %s, not between the clock's %s and %s: not bpf_ktime_get_ns?", e.LastSeen, before, after)
 		}
-		if r := e.Remaining(after); r <= CTLifetimeTCP-time.Second || r > CTLifetimeTCP {
-			t.Errorf("%+v: %s left right after the SYN, want about %s", e, r, CTLifetimeTCP)
+		if r := e.Remaining(after); r <= CTLifetimeNew-time.Second || r > CTLifetimeNew {
+			t.Errorf("%+v: %s left right after the SYN, want about %s", e, r, CTLifetimeNew)
+		}
+	}
+	if aff := affinity(); len(aff) != 0 {
+		t.Errorf("affinity entries after a SYN alone: %+v, want none", aff)
+	}
+
+	// The backend's SYN-ACK, the client's ACK of it: established.
+	run(backend, client, tcpSYN|tcpACK, 5000, 1)
+	before, _ = Ktime()
+	run(client, vip, tcpACK, 1, 5001)
+	after, _ = Ktime()
+	got = entries()
+	for i := range want {
+		want[i].New, want[i].LastSeen = false, got[i].LastSeen
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("entries after the handshake:\n%+v\nwant\n%+v", got, want)
+	}
+	for _, e := range got {
+		if r := e.Remaining(after); e.LastSeen < before || r <= CTLifetimeTCP-time.Second || r > CTLifetimeTCP {
+			t.Errorf("%+v: %s left right after the handshake, want about %s", e, r, CTLifetimeTCP)
 		}
 	}
 
 	// The backend's FIN closes the flow: both entries short-lived.
-	run(backend, client, tcpFIN|tcpACK)
+	run(backend, client, tcpFIN|tcpACK, 5001, 1)
 	now, _ := Ktime()
 	for _, e := range entries() {
 		if !e.Closing || e.Remaining(now) > CTLifetimeTCPClosing {
@@ -207,18 +260,7 @@ func conntrackOfAFlow(t *testing.T, verdict int32) {
 		}
 	}
 
-	flows, err := OpenPinnedFlows(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer flows.Close()
-	var aff []AffinityEntry
-	for e, err := range flows.Affinity() {
-		if err != nil {
-			t.Fatal(err)
-		}
-		aff = append(aff, e)
-	}
+	aff := affinity()
 	if len(aff) != 1 || aff[0].Client != client.Addr() || aff[0].ServiceID != svcID || aff[0].BackendID != backendID {
 		t.Errorf("affinity entries %+v, want %s on backend %d of service %d", aff, client.Addr(), backendID, svcID)
 	}
@@ -243,7 +285,7 @@ const (
 // tcp4Frame is an Ethernet frame of a TCP segment without payload. The
 // checksums are left zero: the program updates them incrementally and
 // never checks them.
-func tcp4Frame(src, dst netip.AddrPort, flags uint8) []byte {
+func tcp4Frame(src, dst netip.AddrPort, flags uint8, seq, ack uint32) []byte {
 	b := make([]byte, 14+20+20)
 	binary.BigEndian.PutUint16(b[12:], 0x0800)
 	ip := b[14:]
@@ -255,6 +297,8 @@ func tcp4Frame(src, dst netip.AddrPort, flags uint8) []byte {
 	tcp := ip[20:]
 	binary.BigEndian.PutUint16(tcp[0:], src.Port())
 	binary.BigEndian.PutUint16(tcp[2:], dst.Port())
+	binary.BigEndian.PutUint32(tcp[4:], seq)
+	binary.BigEndian.PutUint32(tcp[8:], ack)
 	tcp[12] = 5 << 4
 	tcp[13] = flags
 	binary.BigEndian.PutUint16(tcp[14:], 65535)

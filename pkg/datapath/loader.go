@@ -92,6 +92,9 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 		spec.Maps[name].MaxEntries = uint32(cfg.LBServiceMapMax)
 	}
 	spec.Maps[bpf.L4xdsMapL4xdsBackends].MaxEntries = uint32(cfg.LBBackendMapMax)
+	spec.Maps[bpf.L4xdsMapL4xdsCt].MaxEntries = uint32(cfg.LBConntrackMax)
+	spec.Maps[bpf.L4xdsMapL4xdsCtNew].MaxEntries = uint32(cfg.LBConntrackNewMax)
+	spec.Maps[bpf.L4xdsMapL4xdsAffinity].MaxEntries = uint32(cfg.LBAffinityMax)
 	if err := keepPinnedSizes(log, spec, dir); err != nil {
 		return nil, err
 	}
@@ -116,6 +119,9 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 		return nil, err
 	}
 	d.Maps.removedVIPGrace = cfg.LBRemovedVIPGrace
+	if err = copyFlows(log, &d.objs.L4xdsMaps, d.staged, dir); err != nil {
+		return nil, err
+	}
 	devices, err := resolveDevices(cfg.Devices)
 	if err != nil {
 		return nil, fmt.Errorf("--devices: detect: %w", err)
@@ -243,7 +249,7 @@ func (d *Datapath) capacity(maglevSize uint32) capacity {
 // maps the attached program reads: all of them are made anew together, and
 // the previous program keeps a consistent set until Commit.
 var stagedTogether = []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsBackends, bpf.L4xdsMapL4xdsMaglev,
-	bpf.L4xdsMapL4xdsSrcrange, bpf.L4xdsMapL4xdsCt, bpf.L4xdsMapL4xdsAffinity}
+	bpf.L4xdsMapL4xdsSrcrange, bpf.L4xdsMapL4xdsCt, bpf.L4xdsMapL4xdsCtNew, bpf.L4xdsMapL4xdsAffinity}
 
 // withIDMaps adds the other ID maps to staged when it holds the services
 // or backends map.

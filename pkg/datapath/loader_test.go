@@ -3,6 +3,7 @@
 package datapath
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -394,5 +395,75 @@ func TestPrivilegedNewServicesLayoutStagesTheIDMaps(t *testing.T) {
 	}
 	if got := pinnedBackend(); got != moved {
 		t.Errorf("after Commit the pinned backend 1 is %+v, want the new agent's", got)
+	}
+}
+
+// A new size of a flow map makes it anew, with the entries of the pinned
+// one: established flows keep their conntrack and clients their affinity.
+func TestPrivilegedFlowMapSizeChangeKeepsTheFlows(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	cfg := testConfig(root)
+	cfg.LBConntrackMax, cfg.LBConntrackNewMax, cfg.LBAffinityMax = 1024, 1024, 1024
+	dp := load(t, cfg)
+	ctKey := bpf.L4xdsLbCtKey{Saddr: addrToBPF(netip.MustParseAddr("10.0.0.2")), Daddr: addrToBPF(netip.MustParseAddr("10.1.2.3")),
+		Sport: portToBPF(40000), Dport: portToBPF(3306), Proto: ipprotoTCP, Dir: ctForward}
+	ctVal := bpf.L4xdsLbCtEntry{LastSeen: 7e9, BackendId: 3, SvcId: 2}
+	newKey := ctKey
+	newKey.Sport = portToBPF(40001)
+	newVal := ctVal
+	newVal.Flags = ctFlagNew
+	affKey := bpf.L4xdsLbAffinityKey{Client: ctKey.Saddr, SvcId: 2}
+	affVal := bpf.L4xdsLbAffinity{LastUsed: 7e9, BackendId: 3}
+	for _, w := range []struct {
+		m    *ebpf.Map
+		k, v any
+	}{{dp.objs.L4xdsCt, &ctKey, &ctVal}, {dp.objs.L4xdsCtNew, &newKey, &newVal}, {dp.objs.L4xdsAffinity, &affKey, &affVal}} {
+		if err := w.m.Put(w.k, w.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dp.Close()
+
+	cfg.LBConntrackMax, cfg.LBConntrackNewMax, cfg.LBAffinityMax = 4096, 2048, 2048
+	log, logs := testLogger(t)
+	dp, err := Load(log, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if !dp.Staged() {
+		t.Fatal("flow maps of new sizes are not staged")
+	}
+	if err := dp.Commit(log); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		size uint32
+		k    any
+		got  any
+		want any
+	}{
+		{bpf.L4xdsMapL4xdsCt, 4096, &ctKey, new(bpf.L4xdsLbCtEntry), &ctVal},
+		{bpf.L4xdsMapL4xdsCtNew, 2048, &newKey, new(bpf.L4xdsLbCtEntry), &newVal},
+		{bpf.L4xdsMapL4xdsAffinity, 2048, &affKey, new(bpf.L4xdsLbAffinity), &affVal},
+	} {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(root, PinDir, c.name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = m.Lookup(c.k, c.got)
+		size := m.MaxEntries()
+		m.Close()
+		if size != c.size {
+			t.Errorf("pinned %s of %d entries, want %d", c.name, size, c.size)
+		}
+		if err != nil || fmt.Sprint(c.got) != fmt.Sprint(c.want) {
+			t.Errorf("%s after the size change: %+v, %v; want the entry of the old map %+v", c.name, c.got, err, c.want)
+		}
+	}
+	if !strings.Contains(logs.String(), "Entries copied into the map made anew") {
+		t.Errorf("no log of the copy:\n%s", logs.String())
 	}
 }

@@ -33,7 +33,7 @@ func TestPrivilegedARemovedVIPIsDroppedForItsGrace(t *testing.T) {
 			client, vip := netip.MustParseAddrPort("10.0.0.2:40000"), netip.MustParseAddrPort("10.1.2.3:3306")
 			syn := func() int32 {
 				t.Helper()
-				ret, err := dp.objs.L4xdsIngress.Run(&ebpf.RunOptions{Data: tcp4Frame(client, vip, tcpSYN)})
+				ret, err := dp.objs.L4xdsIngress.Run(&ebpf.RunOptions{Data: tcp4Frame(client, vip, tcpSYN, 0, 0)})
 				if err != nil {
 					t.Fatal(err)
 				}

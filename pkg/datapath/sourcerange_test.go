@@ -50,7 +50,7 @@ func TestPrivilegedAFailedSourceRangeWriteClosesTheService(t *testing.T) {
 	inside := netip.MustParseAddrPort("203.0.113.9:40000")
 	syn := func(src netip.AddrPort) int32 {
 		t.Helper()
-		ret, err := dp.objs.L4xdsIngress.Run(&ebpf.RunOptions{Data: tcp4Frame(src, vip, tcpSYN)})
+		ret, err := dp.objs.L4xdsIngress.Run(&ebpf.RunOptions{Data: tcp4Frame(src, vip, tcpSYN, 0, 0)})
 		if err != nil {
 			t.Fatalf("BPF_PROG_RUN %s -> %s: %v", src, vip, err)
 		}

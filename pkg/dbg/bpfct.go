@@ -21,11 +21,13 @@ func ctListCommand(bpfRoot *string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "Conntrack entries: client, frontend, backend, flags and the lifetime left",
-		Long: "List the entries of the pinned conntrack map. Every flow has a forward entry (client -> VIP: " +
-			"which backend) and a reply entry (backend -> client: which VIP to restore). The lifetime left " +
-			"counts from the entry's last refresh (at most once a second): 6h for TCP, 10s once a FIN or RST " +
-			"was seen (closing), 60s for UDP; expired entries are ignored by the datapath until the LRU map " +
-			"reclaims them. Reads the map directly: works while the agent is down.",
+		Long: "List the entries of the pinned conntrack maps. Every flow has a forward entry (client -> VIP: " +
+			"which backend) and a reply entry (backend -> client: which VIP to restore). A flow not established " +
+			"yet (TCP before the client acknowledged the backend's SYN-ACK, UDP before the backend's first " +
+			"answer) has them in the map of new flows (flag new). The lifetime left counts from the entry's " +
+			"last refresh (at most once a second): 6h for TCP, 10s once a FIN or RST was seen (closing), 60s " +
+			"for UDP and for new flows; expired entries are ignored by the datapath until the LRU map " +
+			"reclaims them. Reads the maps directly: works while the agent is down.",
 		Example: "  l4xds-dbg bpf ct list\n  l4xds-dbg bpf ct list -o json",
 		Args:    cobra.NoArgs,
 	}
@@ -140,6 +142,9 @@ func newCTList(entries []datapath.CTEntry, info pinnedInfo, now time.Duration) c
 				f.Backend = b.Address.String()
 			}
 			list.Forward++
+		}
+		if e.New {
+			f.Flags = append(f.Flags, "new")
 		}
 		if e.Closing {
 			f.Flags = append(f.Flags, "closing")

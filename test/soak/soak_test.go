@@ -315,13 +315,14 @@ func (e *env) waitTable(t *testing.T, want map[string][]string, when string) {
 }
 
 // checkConntrack reads the conntrack map once every finished flow's entry
-// has outlived its lifetime (a closed TCP flow's, a UDP flow's): what is
+// has outlived its lifetime (a closed TCP flow's, a UDP flow's, a flow's
+// never established): what is
 // left alive belongs to flows whose end the datapath could not see, their
 // frontend or backend gone. An entry of a frontend and backend that stayed
 // would never expire: a leak.
 func (e *env) checkConntrack(t *testing.T, w *world, h *history, halted time.Time) {
 	t.Helper()
-	wait := time.Until(halted.Add(max(datapath.CTLifetimeNonTCP, datapath.CTLifetimeTCPClosing) + 2*time.Second))
+	wait := time.Until(halted.Add(max(datapath.CTLifetimeNonTCP, datapath.CTLifetimeTCPClosing, datapath.CTLifetimeNew) + 2*time.Second))
 	t.Logf("waiting %s for the conntrack entries of the last flows to expire", wait.Round(time.Second))
 	time.Sleep(wait)
 	// Read in place with the datapath's readers (those of l4xds-dbg bpf

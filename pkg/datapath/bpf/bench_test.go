@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"runtime"
@@ -117,6 +118,9 @@ func BenchmarkProgRun(b *testing.B) {
 		b.Run("path=established"+name, in(func(b *testing.B) { benchEstablished(b, c) }))
 		b.Run("path=reply"+name, in(func(b *testing.B) { benchReply(b, c) }))
 		b.Run("path=new"+name, in(func(b *testing.B) { benchNew(b, c) }))
+		if c.family == "ipv4" {
+			b.Run("path=flood"+name, in(func(b *testing.B) { benchFlood(b, c) }))
+		}
 	}
 }
 
@@ -204,7 +208,7 @@ func benchReply(b *testing.B, c benchCase) {
 // (its own client address and port), which must come out DNATed to a
 // backend and leave conntrack entries.
 func benchNew(b *testing.B, c benchCase) {
-	d := newDatapathWith(b, loadOptions{ctEntries: benchCTEntries, fibRedirect: true})
+	d := newDatapathWith(b, loadOptions{ctNewEntries: benchCTEntries, fibRedirect: true})
 	d.addService(c.service())
 	client := c.client.Addr()
 	sport := newFlowPorts[0]
@@ -217,7 +221,7 @@ func benchNew(b *testing.B, c benchCase) {
 			b.Fatalf("new flow %d from %s went to %s, not to a backend", r.n(), src, be)
 		}
 		if r.n()%4096 == 0 {
-			if _, ok := d.ct(ctKey(src, c.vip, c.protoNum, ctForward)); !ok {
+			if _, ok := d.ctNew(ctKey(src, c.vip, c.protoNum, ctForward)); !ok {
 				b.Fatalf("new flow %d from %s left no conntrack entry", r.n(), src)
 			}
 		}
@@ -229,6 +233,56 @@ func benchNew(b *testing.B, c benchCase) {
 		b.Fatalf("service counted %d packets, want one per new flow (%d)", st.Packets, r.n())
 	}
 	r.report(b, c.line("new"))
+}
+
+// benchFlood: every counted run is a spoofed SYN or datagram from a random
+// source, while the maps of new flows and of established ones are small
+// (floodCTEntries) and the former is full: each run evicts an entry. The
+// flows established before the flood must still be reverse-NATed after it.
+func benchFlood(b *testing.B, c benchCase) {
+	d := newDatapathWith(b, loadOptions{ctEntries: floodCTEntries, ctNewEntries: floodCTEntries, fibRedirect: true})
+	d.addService(c.service())
+	type flow struct{ client, backend netip.AddrPort }
+	var flows []flow
+	for i := range 128 {
+		client := netip.AddrPortFrom(c.client.Addr(), uint16(20000+i))
+		be := c.open(b, d, client)
+		first := c.first(client)
+		if c.protoNum == protoTCP {
+			synAck := segment{src: be, dst: client, proto: protoTCP, flags: tcpSYN | tcpACK, seq: 5000, ack: first.seq + 1}
+			d.run(synAck.frame())
+			d.run(segment{src: client, dst: c.vip, proto: protoTCP, flags: tcpACK, seq: first.seq + 1, ack: 5001}.frame())
+		} else {
+			d.run(udp(be, client, "answer").frame())
+		}
+		flows = append(flows, flow{client, be})
+	}
+	rng := rand.New(rand.NewPCG(21, 4))
+	spoofed := func() netip.AddrPort {
+		a := 100<<24 | 64<<16 | rng.Uint32N(1<<22)
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}), uint16(1024+rng.IntN(64512)))
+	}
+	// Fill the map of new flows: the counted runs evict.
+	for range 4 * floodCTEntries {
+		if v, _ := d.run(c.first(spoofed()).frame()); v != verdictRedirect {
+			b.Fatalf("a spoofed packet: verdict %d, want TCX_REDIRECT", int32(v))
+		}
+	}
+	var r runs
+	for b.Loop() {
+		src := spoofed()
+		out := r.run(b, d.objs.L4xdsIngress, c.first(src).frame(), verdictRedirect)
+		if be := dstOf(out); !c.backendAt(be) {
+			b.Fatalf("spoofed flow %d from %s went to %s, not to a backend", r.n(), src, be)
+		}
+	}
+	for _, f := range flows {
+		answer := c.data(f.backend, f.client)
+		if v, out := d.run(answer.frame()); v != verdictRedirect || !bytes.Equal(out, hop(answer.from(c.vip)).frame()) {
+			b.Fatalf("after %d spoofed packets, the answer of %s to %s: verdict %d, not from the VIP", r.n(), f.backend, f.client, int32(v))
+		}
+	}
+	r.report(b, c.line("flood"))
 }
 
 // open sends the first packet of the client's flow (not counted) and

@@ -47,6 +47,9 @@ const (
 	ctReply      = 1
 	ctFClosing   = 1 << 0
 	ctFReplyLost = 1 << 1
+	ctFNew       = 1 << 2
+	ctFAffinity  = 1 << 3
+	ctFSynAck    = 1 << 4
 	testMaglevN  = 7
 )
 
@@ -62,8 +65,9 @@ func newDatapath(t testing.TB) *datapath {
 
 // loadOptions sets what tests may change about the program and maps.
 type loadOptions struct {
-	// ctEntries sizes l4xds_ct (LRU maps are preallocated): 4096 if 0.
-	ctEntries uint32
+	// ctEntries sizes l4xds_ct and ctNewEntries l4xds_ct_new (LRU maps
+	// are preallocated): 4096 if 0.
+	ctEntries, ctNewEntries uint32
 	// fibRedirect sends translated packets to their next hop as the
 	// agent's datapath does; without it they go on to the stack (TCX_NEXT),
 	// whatever the routes of the namespace the test runs in.
@@ -102,6 +106,11 @@ func loadWith(t testing.TB, objs *L4xdsObjects, o loadOptions) {
 		ctEntries = 4096
 	}
 	spec.Maps[L4xdsMapL4xdsCt].MaxEntries = ctEntries
+	ctNewEntries := o.ctNewEntries
+	if ctNewEntries == 0 {
+		ctNewEntries = 4096
+	}
+	spec.Maps[L4xdsMapL4xdsCtNew].MaxEntries = ctNewEntries
 	if err := spec.Variables[L4xdsVarFibRedirect].Set(o.fibRedirect); err != nil {
 		t.Fatal(err)
 	}
@@ -305,9 +314,26 @@ func (d *datapath) ct(key L4xdsLbCtKey) (L4xdsLbCtEntry, bool) {
 	return e, true
 }
 
+// ctNew returns the entry of a key in l4xds_ct_new (flows not
+// established yet), if any.
+func (d *datapath) ctNew(key L4xdsLbCtKey) (L4xdsLbCtEntry, bool) {
+	var e L4xdsLbCtEntry
+	err := d.objs.L4xdsCtNew.Lookup(&key, &e)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return e, false
+	}
+	d.must(err, "ct_new lookup")
+	return e, true
+}
+
 func (d *datapath) putCT(key L4xdsLbCtKey, e L4xdsLbCtEntry) {
 	d.t.Helper()
 	d.must(d.objs.L4xdsCt.Put(&key, &e), "ct update")
+}
+
+func (d *datapath) putCTNew(key L4xdsLbCtKey, e L4xdsLbCtEntry) {
+	d.t.Helper()
+	d.must(d.objs.L4xdsCtNew.Put(&key, &e), "ct_new update")
 }
 
 // frag returns the l4xds_frags entry of a datagram, if any.

@@ -44,7 +44,7 @@ type L4xdsLbCtEntry struct {
 	VipPort   uint16
 	Flags     uint8
 	Pad       uint8
-	Pad2      uint32
+	SynackAck uint32
 }
 
 type L4xdsLbCtKey struct {
@@ -114,6 +114,7 @@ const (
 	L4xdsMapL4xdsAffinity = "l4xds_affinity"
 	L4xdsMapL4xdsBackends = "l4xds_backends"
 	L4xdsMapL4xdsCt       = "l4xds_ct"
+	L4xdsMapL4xdsCtNew    = "l4xds_ct_new"
 	L4xdsMapL4xdsFrags    = "l4xds_frags"
 	L4xdsMapL4xdsMaglev   = "l4xds_maglev"
 	L4xdsMapL4xdsOldVips  = "l4xds_old_vips"
@@ -178,6 +179,7 @@ type L4xdsMapSpecs struct {
 	L4xdsAffinity *ebpf.MapSpec `ebpf:"l4xds_affinity"`
 	L4xdsBackends *ebpf.MapSpec `ebpf:"l4xds_backends"`
 	L4xdsCt       *ebpf.MapSpec `ebpf:"l4xds_ct"`
+	L4xdsCtNew    *ebpf.MapSpec `ebpf:"l4xds_ct_new"`
 	L4xdsFrags    *ebpf.MapSpec `ebpf:"l4xds_frags"`
 	L4xdsMaglev   *ebpf.MapSpec `ebpf:"l4xds_maglev"`
 	L4xdsOldVips  *ebpf.MapSpec `ebpf:"l4xds_old_vips"`
@@ -218,6 +220,7 @@ type L4xdsMaps struct {
 	L4xdsAffinity *ebpf.Map `ebpf:"l4xds_affinity"`
 	L4xdsBackends *ebpf.Map `ebpf:"l4xds_backends"`
 	L4xdsCt       *ebpf.Map `ebpf:"l4xds_ct"`
+	L4xdsCtNew    *ebpf.Map `ebpf:"l4xds_ct_new"`
 	L4xdsFrags    *ebpf.Map `ebpf:"l4xds_frags"`
 	L4xdsMaglev   *ebpf.Map `ebpf:"l4xds_maglev"`
 	L4xdsOldVips  *ebpf.Map `ebpf:"l4xds_old_vips"`
@@ -232,6 +235,7 @@ func (m *L4xdsMaps) Close() error {
 		m.L4xdsAffinity,
 		m.L4xdsBackends,
 		m.L4xdsCt,
+		m.L4xdsCtNew,
 		m.L4xdsFrags,
 		m.L4xdsMaglev,
 		m.L4xdsOldVips,

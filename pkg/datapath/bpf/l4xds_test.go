@@ -76,6 +76,7 @@ func TestDatapath(t *testing.T) {
 
 	// The backend answers the client through the load balancer.
 	synAck4 := segment{src: be4a.addr, dst: client4, proto: protoTCP, flags: tcpSYN | tcpACK, seq: 5000, ack: 1001}
+	ack4 := segment{src: client4, dst: vip4, proto: protoTCP, flags: tcpACK, seq: 1001, ack: 5001}
 	udpReply6 := udp(be6a.addr, client6, "pong")
 
 	tableB := func(d *datapath) { d.setMaglev(1, []uint32{2, 2, 2, 2, 2, 2, 2}) }
@@ -139,12 +140,18 @@ func TestDatapath(t *testing.T) {
 			steps: []step{
 				forward("syn", tcp4, be4a.addr),
 				reply("syn-ack", synAck4, vip4),
+				forward("ack", ack4, be4a.addr),
 			},
 			check: func(t *testing.T, d *datapath) {
-				wantStats(t, d, 1, 2, len(tcp4.frame())+len(synAck4.frame()), nil)
+				wantStats(t, d, 1, 3, len(tcp4.frame())+len(synAck4.frame())+len(ack4.frame()), nil)
 				e, ok := d.ct(ctKey(be4a.addr, client4, protoTCP, ctReply))
-				if !ok || e.Vip != addr(vip4.Addr()) || e.VipPort != port(vip4.Port()) || e.BackendId != be4a.id || e.SvcId != 1 {
+				if !ok || e.Vip != addr(vip4.Addr()) || e.VipPort != port(vip4.Port()) || e.BackendId != be4a.id || e.SvcId != 1 || e.Flags != 0 {
 					t.Errorf("reply entry = %+v (found %v), want VIP %s on backend %d", e, ok, vip4, be4a.id)
+				}
+				for _, k := range []L4xdsLbCtKey{ctKey(client4, vip4, protoTCP, ctForward), ctKey(be4a.addr, client4, protoTCP, ctReply)} {
+					if e, ok := d.ctNew(k); ok {
+						t.Errorf("entry dir %d of the established flow still in l4xds_ct_new: %+v", k.Dir, e)
+					}
 				}
 			},
 		},
@@ -207,7 +214,7 @@ func TestDatapath(t *testing.T) {
 				}(),
 			},
 			check: func(t *testing.T, d *datapath) {
-				e, ok := d.ct(ctKey(client4, vip4, protoTCP, ctForward))
+				e, ok := d.ctNew(ctKey(client4, vip4, protoTCP, ctForward))
 				if !ok || e.BackendId != be4b.id {
 					t.Errorf("forward entry = %+v (found %v), want backend %d", e, ok, be4b.id)
 				}
@@ -241,7 +248,7 @@ func TestDatapath(t *testing.T) {
 				}(),
 			},
 			check: func(t *testing.T, d *datapath) {
-				e, _ := d.ct(ctKey(client4, vip4, protoTCP, ctForward))
+				e, _ := d.ctNew(ctKey(client4, vip4, protoTCP, ctForward))
 				if e.Flags&ctFClosing != 0 || e.BackendId != be4b.id {
 					t.Errorf("forward entry after the new SYN = %+v, want backend %d, not closing", e, be4b.id)
 				}
@@ -256,9 +263,9 @@ func TestDatapath(t *testing.T) {
 					s := forward("after the lifetime", udp4, be4b.addr)
 					s.before = func(d *datapath) {
 						key := ctKey(client4, vip4, protoUDP, ctForward)
-						e, _ := d.ct(key)
+						e, _ := d.ctNew(key)
 						e.LastSeen = monotonicNow(d.t) - uint64(61*time.Second)
-						d.putCT(key, e)
+						d.putCTNew(key, e)
 						tableB(d)
 					}
 					return s

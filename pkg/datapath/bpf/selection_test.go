@@ -30,6 +30,24 @@ func chosen(t *testing.T, d *datapath, seg segment, backends ...backend) backend
 	return backend{}
 }
 
+// handshake completes the TCP flow whose SYN went to be: the backend's
+// SYN-ACK leaves from the VIP, the client's ACK goes to be, and the flow is
+// established.
+func handshake(t *testing.T, d *datapath, syn segment, be netip.AddrPort) {
+	t.Helper()
+	synAck := segment{src: be, dst: syn.src, proto: protoTCP, flags: tcpSYN | tcpACK, seq: 5000, ack: syn.seq + 1}
+	if verdict, out := d.run(synAck.frame()); verdict != verdictNext || !bytes.Equal(out, synAck.from(syn.dst).frame()) {
+		t.Fatalf("SYN-ACK of %s: verdict %d, %x; want it from %s", be, int32(verdict), out, syn.dst)
+	}
+	ack := segment{src: syn.src, dst: syn.dst, proto: protoTCP, flags: tcpACK, seq: syn.seq + 1, ack: 5001}
+	if verdict, out := d.run(ack.frame()); verdict != verdictNext || !bytes.Equal(out, ack.to(be).frame()) {
+		t.Fatalf("ACK of %s: verdict %d, %x; want it to %s", syn.src, int32(verdict), out, be)
+	}
+	if _, ok := d.ct(ctKey(syn.src, syn.dst, protoTCP, ctForward)); !ok {
+		t.Fatalf("the handshake of %s -> %s left no established entry", syn.src, syn.dst)
+	}
+}
+
 // maglevChoice is the backend the Maglev table gives a new flow.
 func maglevChoice(seg segment, table []uint32) uint32 {
 	return table[flowHash(seg.src, seg.dst, seg.proto)%testMaglevN]
@@ -78,6 +96,14 @@ func TestSessionAffinity(t *testing.T) {
 	d.addService(service{id: 1, vip: vip4, proto: protoTCP, flags: svcAffinity, affinityTimeout: 60, backends: backends, table: mixedTable})
 	first := syn(client4, vip4)
 	pinned := chosen(t, d, first, backends...)
+	// Affinity is written once the flow is established: spoofed sources,
+	// which never complete a handshake, cannot flush it.
+	key := L4xdsLbAffinityKey{Client: addr(client4.Addr()), SvcId: 1}
+	var a L4xdsLbAffinity
+	if err := d.objs.L4xdsAffinity.Lookup(&key, &a); err == nil {
+		t.Fatalf("a SYN alone wrote the affinity of %s: %+v", client4.Addr(), a)
+	}
+	handshake(t, d, first, pinned.addr)
 
 	// A client port whose Maglev slot names the other backend (the slot
 	// choice itself is checked by TestMaglevSlotFromFlowHash).
@@ -91,8 +117,6 @@ func TestSessionAffinity(t *testing.T) {
 	if got := chosen(t, d, other, backends...); got.id != pinned.id {
 		t.Fatalf("new client port went to backend %d, want %d (affinity)", got.id, pinned.id)
 	}
-	key := L4xdsLbAffinityKey{Client: addr(client4.Addr()), SvcId: 1}
-	var a L4xdsLbAffinity
 	d.must(d.objs.L4xdsAffinity.Lookup(&key, &a), "affinity of %s", client4.Addr())
 	if a.BackendId != pinned.id {
 		t.Fatalf("affinity entry names backend %d, want %d", a.BackendId, pinned.id)
@@ -159,6 +183,7 @@ func TestTCPCloseMarksBothEntries(t *testing.T) {
 			if v, _ := d.run(syn(client4, vip4).frame()); v != verdictNext {
 				t.Fatalf("syn: verdict %d", int32(v))
 			}
+			handshake(t, d, syn(client4, vip4), be4a.addr)
 			fwd, rep := ctKey(client4, vip4, protoTCP, ctForward), ctKey(be4a.addr, client4, protoTCP, ctReply)
 			for _, k := range []L4xdsLbCtKey{fwd, rep} {
 				if e, ok := d.ct(k); !ok || e.Flags&ctFClosing != 0 {

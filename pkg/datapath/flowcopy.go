@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/l4xds/l4xds/pkg/datapath/bpf"
+)
+
+// flowMaps are the maps of flows (conntrack and affinity), sized by
+// --lb-conntrack-max, --lb-conntrack-new-max and --lb-affinity-max.
+var flowMaps = []string{bpf.L4xdsMapL4xdsCt, bpf.L4xdsMapL4xdsCtNew, bpf.L4xdsMapL4xdsAffinity}
+
+// copyFlows fills the flow maps made anew for another size with the
+// entries of their pins, so that established flows keep their backend and
+// their reverse NAT across the change. Not when the ID maps are made anew
+// too: the entries name the old IDs. What the attached program writes
+// into the old maps between this copy and Commit is lost; a flow's next
+// packet writes its entries again. Entries beyond a smaller map's size are
+// evicted, least recently used first.
+func copyFlows(log *slog.Logger, objs *bpf.L4xdsMaps, staged []string, dir string) error {
+	if slices.Contains(staged, bpf.L4xdsMapL4xdsServices) || slices.Contains(staged, bpf.L4xdsMapL4xdsBackends) {
+		return nil
+	}
+	for _, name := range flowMaps {
+		if !slices.Contains(staged, name) {
+			continue
+		}
+		to, err := mapByName(objs, name)
+		if err != nil {
+			return err
+		}
+		from, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		n, err := copyEntries(from, to)
+		from.Close()
+		if err != nil {
+			return fmt.Errorf("copy the entries of %s into its new map: %w", name, err)
+		}
+		if n >= 0 {
+			log.Info("Entries copied into the map made anew", "map", name, "entries", n,
+				"from_size", from.MaxEntries(), "to_size", to.MaxEntries())
+		}
+	}
+	return nil
+}
+
+// copyEntries copies every entry of from into to, if their keys and
+// values have the same sizes (-1 if not).
+func copyEntries(from, to *ebpf.Map) (int, error) {
+	if from.KeySize() != to.KeySize() || from.ValueSize() != to.ValueSize() {
+		return -1, nil
+	}
+	k, v := make([]byte, from.KeySize()), make([]byte, from.ValueSize())
+	n := 0
+	it := from.Iterate()
+	for it.Next(k, v) {
+		if err := to.Put(k, v); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, it.Err()
+}
