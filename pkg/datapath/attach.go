@@ -54,11 +54,14 @@ const (
 
 // attachMode resolves --datapath-attach: auto is tcx where the kernel has
 // it, else tc.
-func attachMode(mode string) (string, error) {
+func attachMode(mode string) (string, error) { return resolveAttach(mode, haveTCX) }
+
+// resolveAttach is attachMode with the kernel's answer from probe.
+func resolveAttach(mode string, probe func() (bool, error)) (string, error) {
 	if mode == AttachTC {
 		return AttachTC, nil
 	}
-	tcx, err := haveTCX()
+	tcx, err := probe()
 	if err != nil {
 		return "", err
 	}

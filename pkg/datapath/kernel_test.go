@@ -3,6 +3,7 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -128,6 +129,32 @@ func TestProgramAsksNoMoreThanLinux510(t *testing.T) {
 			if m.Flags&^flags != 0 {
 				t.Errorf("map %s: flags %#x, not of Linux %s checked here", name, m.Flags&^flags, MinKernel)
 			}
+		}
+	}
+}
+
+// The choice of --datapath-attach on kernels with and without tcx.
+func TestResolveAttach(t *testing.T) {
+	errProbe := errors.New("probe failed")
+	for _, c := range []struct {
+		mode     string
+		tcx      bool
+		probeErr error
+		want     string
+		err      string
+	}{
+		{mode: AttachAuto, tcx: true, want: AttachTCX},
+		{mode: AttachAuto, tcx: false, want: AttachTC},
+		{mode: AttachTCX, tcx: true, want: AttachTCX},
+		{mode: AttachTCX, tcx: false, err: "--datapath-attach=tcx: the kernel has no tcx (Linux 6.6 or newer); tc or auto attaches with a tc filter"},
+		{mode: AttachTC, tcx: true, want: AttachTC},
+		{mode: AttachTC, tcx: false, want: AttachTC},
+		{mode: AttachTC, probeErr: errProbe, want: AttachTC}, // no probe needed
+		{mode: AttachAuto, probeErr: errProbe, err: "probe failed"},
+	} {
+		got, err := resolveAttach(c.mode, func() (bool, error) { return c.tcx, c.probeErr })
+		if got != c.want || (err == nil) != (c.err == "") || err != nil && err.Error() != c.err {
+			t.Errorf("--datapath-attach=%s, tcx %v, probe error %v: %q, %v; want %q, %q", c.mode, c.tcx, c.probeErr, got, err, c.want, c.err)
 		}
 	}
 }
