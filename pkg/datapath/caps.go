@@ -29,7 +29,7 @@ func capabilityProblems(eff uint64) (warning string, err error) {
 		missing = append(missing, "CAP_BPF (or CAP_SYS_ADMIN, where the container runtime predates CAP_BPF): create maps and load programs")
 	}
 	if !has(unix.CAP_NET_ADMIN) {
-		missing = append(missing, "CAP_NET_ADMIN: load tc programs and attach them with tcx")
+		missing = append(missing, "CAP_NET_ADMIN: load tc programs and attach them (tcx links or tc filters)")
 	}
 	if len(missing) > 0 {
 		err = fmt.Errorf("missing capabilities (effective set %#x): %s; in Kubernetes, the chart's value "+

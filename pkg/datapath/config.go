@@ -2,7 +2,8 @@
 
 // Package datapath programs the frontends table into the eBPF datapath:
 // it loads the programs of bpf/ with their maps pinned under
-// <bpf-root>/l4xds, attaches them to --devices with pinned tcx links, and
+// <bpf-root>/l4xds, attaches them to --devices (with pinned tcx links, or
+// tc filters on kernels older than 6.6: --datapath-attach), and
 // reconciles the frontends into the maps (service and backend IDs, weighted
 // Maglev tables, source ranges). --datapath=none runs the control-plane
 // half alone (tables, xDS, API).
@@ -17,7 +18,10 @@ import (
 
 // Config of the datapath.
 type Config struct {
-	Datapath          string
+	Datapath string
+	// DatapathAttach is how the program is attached to the devices: tcx
+	// (Linux 6.6+), tc (a clsact filter, any supported kernel), or auto.
+	DatapathAttach    string
 	Devices           []string
 	BPFRoot           string
 	LBMaglevTableSize uint
@@ -60,6 +64,7 @@ const (
 
 var DefaultConfig = Config{
 	Datapath:          "bpf",
+	DatapathAttach:    AttachAuto,
 	BPFRoot:           "/sys/fs/bpf",
 	LBMaglevTableSize: 1021,
 	LBServiceMapMax:   1 << 16,
@@ -77,6 +82,7 @@ var DefaultConfig = Config{
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("datapath", def.Datapath, "Datapath that forwards the frontends: bpf or none (tables only)")
+	flags.String("datapath-attach", def.DatapathAttach, "How the program is attached to --devices: tcx (Linux 6.6 or newer, pinned links), tc (a filter on the clsact qdisc, Linux 5.10 or newer) or auto (tcx where the kernel has it, else tc)")
 	flags.StringSlice("devices", def.Devices, "Interfaces the datapath attaches to; auto: those up with a global unicast address at start (the uplink and a CNI bridge)")
 	flags.String("bpf-root", def.BPFRoot, "Mount point of the BPF filesystem; maps are pinned under <bpf-root>/l4xds")
 	flags.Uint("lb-maglev-table-size", def.LBMaglevTableSize, "Size of each service's Maglev lookup table (a prime); a service's usable backends must fit in it")
@@ -94,6 +100,11 @@ func (c Config) Validate() error {
 	case "none", "bpf":
 	default:
 		return fmt.Errorf("--datapath: %q is not bpf or none", c.Datapath)
+	}
+	switch c.DatapathAttach {
+	case AttachAuto, AttachTCX, AttachTC:
+	default:
+		return fmt.Errorf("--datapath-attach: %q is not auto, tcx or tc", c.DatapathAttach)
 	}
 	// The bound first: trial division of a huge value takes seconds.
 	if c.LBMaglevTableSize > MaxMaglevTableSize {

@@ -35,12 +35,23 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		{withFlowMaps(1<<20, 1<<18, 1<<25), "--lb-affinity-max: 33554432 is not in 1024..16777216"},
 		{withGrace(-time.Second), "--lb-removed-vip-grace: -1s is negative"},
 		{withGrace(0), ""},
+		{withAttach("tc"), ""},
+		{withAttach("tcx"), ""},
+		{withAttach("auto"), ""},
+		{withAttach("xdp"), `--datapath-attach: "xdp" is not auto, tcx or tc`},
+		{withAttach(""), `--datapath-attach: "" is not auto, tcx or tc`},
 	} {
 		err := c.cfg.Validate()
 		if (err == nil) != (c.want == "") || (err != nil && !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%+v: error %v, want %q", c.cfg, err, c.want)
 		}
 	}
+}
+
+func withAttach(mode string) Config {
+	c := DefaultConfig
+	c.DatapathAttach = mode
+	return c
 }
 
 func withGrace(d time.Duration) Config {
@@ -86,7 +97,7 @@ func TestConfigCapacity(t *testing.T) {
 func TestConfigDefaultsToTheBPFDatapath(t *testing.T) {
 	if DefaultConfig.Datapath != "bpf" || DefaultConfig.BPFRoot != "/sys/fs/bpf" || DefaultConfig.LBMaglevTableSize != 1021 ||
 		DefaultConfig.LBServiceMapMax != 65536 || DefaultConfig.LBBackendMapMax != 1<<20 || DefaultConfig.LBRemovedVIPGrace != 5*time.Minute ||
-		DefaultConfig.LBConntrackMax != 1<<20 || DefaultConfig.LBAffinityMax != 1<<16 {
-		t.Errorf("defaults %+v, want --datapath=bpf --bpf-root=/sys/fs/bpf --lb-maglev-table-size=1021 --lb-service-map-max=65536 --lb-backend-map-max=1048576 --lb-conntrack-max=1048576 --lb-affinity-max=65536 (the sizes of the maps before these flags)", DefaultConfig)
+		DefaultConfig.LBConntrackMax != 1<<20 || DefaultConfig.LBAffinityMax != 1<<16 || DefaultConfig.DatapathAttach != AttachAuto {
+		t.Errorf("defaults %+v, want --datapath=bpf --bpf-root=/sys/fs/bpf --lb-maglev-table-size=1021 --lb-service-map-max=65536 --lb-backend-map-max=1048576 --lb-conntrack-max=1048576 --lb-affinity-max=65536 --datapath-attach=auto (the sizes of the maps before these flags)", DefaultConfig)
 	}
 }

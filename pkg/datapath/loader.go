@@ -22,21 +22,25 @@ import (
 )
 
 // LinksDir holds a pinned tcx link per device, named after the device,
-// under <bpf-root>/l4xds.
+// under <bpf-root>/l4xds (--datapath-attach=tcx).
 const LinksDir = "links"
 
 // bpfFSMagic is BPF_FS_MAGIC, the statfs type of a BPF filesystem.
 const bpfFSMagic = 0xcafe4a11
 
-// Datapath is the loaded programs and maps and their links to the devices.
-// Everything is pinned: closing it (the agent stopping or crashing) leaves
-// the programs attached and forwarding with the maps as they are.
+// Datapath is the loaded programs and maps and their attachments to the
+// devices. Everything is pinned or held by the kernel: closing it (the agent
+// stopping or crashing) leaves the programs attached and forwarding with
+// the maps as they are. A tcx link is pinned; a tc filter is no link, and
+// the device itself holds it until the next agent replaces its program.
 type Datapath struct {
 	Maps *Maps
 
 	dir   string
 	objs  bpf.L4xdsObjects
 	links []link.Link
+	// mode is how the program is attached: AttachTCX or AttachTC.
+	mode string
 
 	// staged names the maps made anew because the pinned ones are
 	// incompatible (--lb-maglev-table-size changed, a new layout). Until
@@ -49,10 +53,18 @@ type Datapath struct {
 
 // Load loads the datapath with the maps pinned under <cfg.BPFRoot>/l4xds,
 // reusing the maps already pinned there, and attaches the program to
-// cfg.Devices, replacing the program of links already pinned (no gap).
-// Links of devices no longer in cfg.Devices are detached. When a pinned
+// cfg.Devices, replacing the program of links or filters already there (no
+// gap). Devices no longer in cfg.Devices are detached, and so is an
+// attachment of the other kind (--datapath-attach changed). When a pinned
 // map is incompatible, the program is not attached yet: see Staged.
 func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
+	release, err := kernelRelease()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkKernel(release); err != nil {
+		return nil, err
+	}
 	// Name missing capabilities before the memlock probe blames the rlimit.
 	eff, err := effectiveCapabilities()
 	if err != nil {
@@ -71,9 +83,16 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	if err := ensureBPFFS(log, cfg.BPFRoot); err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(cfg.BPFRoot, PinDir)
-	if err := os.MkdirAll(filepath.Join(dir, LinksDir), 0o755); err != nil {
+	mode, err := attachMode(cfg.DatapathAttach)
+	if err != nil {
 		return nil, err
+	}
+	log.Info("Datapath attachment", "mode", mode, "datapath-attach", cfg.DatapathAttach, "kernel", release)
+	dir := filepath.Join(cfg.BPFRoot, PinDir)
+	for _, sub := range []string{LinksDir, TCDir} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			return nil, err
+		}
 	}
 
 	spec, err := bpf.LoadL4xds()
@@ -95,10 +114,16 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	spec.Maps[bpf.L4xdsMapL4xdsCt].MaxEntries = uint32(cfg.LBConntrackMax)
 	spec.Maps[bpf.L4xdsMapL4xdsCtNew].MaxEntries = uint32(cfg.LBConntrackNewMax)
 	spec.Maps[bpf.L4xdsMapL4xdsAffinity].MaxEntries = uint32(cfg.LBAffinityMax)
+	if mode == AttachTC {
+		// The program's section names tcx; a tc filter takes any
+		// SchedCLS program, and a kernel before tcx knows no such
+		// expected attach type.
+		spec.Programs[bpf.L4xdsProgL4xdsIngress].AttachType = ebpf.AttachNone
+	}
 	if err := keepPinnedSizes(log, spec, dir); err != nil {
 		return nil, err
 	}
-	d := &Datapath{dir: dir}
+	d := &Datapath{dir: dir, mode: mode}
 	if d.staged, err = incompatiblePins(log, spec, dir); err != nil {
 		return nil, err
 	}
@@ -336,14 +361,22 @@ func innerCompatible(outer *ebpf.Map, spec *ebpf.MapSpec) error {
 	return nil
 }
 
-// attach attaches the program to every device through a pinned link, and
-// detaches the links of devices that are no longer listed.
+// attach attaches the program to every device, in d.mode, then detaches
+// what else is attached: the devices that are no longer listed, and the
+// attachments of the other mode (--datapath-attach changed; made before
+// the other is removed, so that packets meet a program throughout).
 func (d *Datapath) attach(log *slog.Logger, devices []string) error {
-	linksDir := filepath.Join(d.dir, LinksDir)
+	linksDir, tcDir := filepath.Join(d.dir, LinksDir), filepath.Join(d.dir, TCDir)
 	for _, dev := range devices {
 		iface, err := net.InterfaceByName(dev)
 		if err != nil {
 			return fmt.Errorf("--devices: %s: %w", dev, err)
+		}
+		if d.mode == AttachTC {
+			if err := attachTC(log, d.objs.L4xdsIngress, iface, filepath.Join(tcDir, dev)); err != nil {
+				return fmt.Errorf("--devices: %s: %w", dev, err)
+			}
+			continue
 		}
 		l, err := attachDevice(log, d.objs.L4xdsIngress, iface, filepath.Join(linksDir, dev))
 		if err != nil {
@@ -360,15 +393,47 @@ func (d *Datapath) attach(log *slog.Logger, devices []string) error {
 		return err
 	}
 	for _, pin := range pins {
-		if slices.Contains(devices, pin.Name()) {
+		if d.mode == AttachTCX && slices.Contains(devices, pin.Name()) {
 			continue
 		}
 		if err := unpinLink(filepath.Join(linksDir, pin.Name())); err != nil {
-			return fmt.Errorf("detach from %s, which is no longer in --devices: %w", pin.Name(), err)
+			return fmt.Errorf("detach the tcx link of %s: %w", pin.Name(), err)
 		}
-		log.Info("Detached from a device no longer in --devices", "device", pin.Name())
+		log.Info("Detached the tcx link", "device", pin.Name(), "reason", detachReason(d.mode, devices, pin.Name()))
+	}
+	recorded, err := tcRecords(tcDir)
+	if err != nil {
+		return err
+	}
+	if d.mode == AttachTCX {
+		// Also a filter whose record is gone (the bpffs was cleared).
+		for _, dev := range devices {
+			if !slices.Contains(recorded, dev) {
+				recorded = append(recorded, dev)
+			}
+		}
+	}
+	for _, dev := range recorded {
+		if d.mode == AttachTC && slices.Contains(devices, dev) {
+			continue
+		}
+		removed, err := detachTC(dev, filepath.Join(tcDir, dev))
+		if err != nil {
+			return fmt.Errorf("detach the tc filter of %s: %w", dev, err)
+		}
+		if removed {
+			log.Info("Detached the tc filter", "device", dev, "reason", detachReason(d.mode, devices, dev))
+		}
 	}
 	return nil
+}
+
+// detachReason says why an attachment to dev goes.
+func detachReason(mode string, devices []string, dev string) string {
+	if !slices.Contains(devices, dev) {
+		return "no longer in --devices"
+	}
+	return fmt.Sprintf("attached with %s now (--datapath-attach)", mode)
 }
 
 // attachDevice updates the program of the device's pinned link, or

@@ -18,11 +18,15 @@ import (
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
+	"github.com/l4xds/l4xds/test/netns"
 )
 
+// testConfig is the datapath on root and devices, attached as
+// $L4XDS_DATAPATH_ATTACH says (auto when unset).
 func testConfig(root string, devices ...string) Config {
 	c := DefaultConfig
 	c.BPFRoot, c.Devices = root, devices
+	c.DatapathAttach = netns.DatapathAttach()
 	return c
 }
 
@@ -36,10 +40,13 @@ func load(t *testing.T, cfg Config) *Datapath {
 	return dp
 }
 
+// The tcx links (tc: TestPrivilegedTCAttachReplacesTheFilterInPlace).
 func TestPrivilegedLoadAttachesOnceAndReloadsInPlace(t *testing.T) {
 	needRoot(t)
+	needTCX(t)
 	root, dev := bpffs(t), testDevice(t)
 	cfg := testConfig(root, dev)
+	cfg.DatapathAttach = AttachTCX
 
 	dp := load(t, cfg)
 	progs := tcxIngress(t, dev)
@@ -91,7 +98,8 @@ func TestPrivilegedLoadAttachesOnceAndReloadsInPlace(t *testing.T) {
 	dp.Close()
 
 	// The device leaves --devices: its link is detached and unpinned.
-	dp = load(t, testConfig(root))
+	cfg.Devices = nil
+	dp = load(t, cfg)
 	dp.Close()
 	if progs := tcxIngress(t, dev); len(progs) != 0 {
 		t.Errorf("device no longer in --devices: %d programs still attached", len(progs))
@@ -103,26 +111,28 @@ func TestPrivilegedLoadAttachesOnceAndReloadsInPlace(t *testing.T) {
 
 func TestPrivilegedLoadReattachesToARecreatedDevice(t *testing.T) {
 	needRoot(t)
-	root, dev := bpffs(t), testDevice(t)
-	load(t, testConfig(root, dev)).Close()
-	// Deleting the device detaches the link; a device of the same name
-	// comes back with another index.
-	for _, args := range [][]string{{"link", "del", dev}, {"link", "add", dev, "type", "veth", "peer", "name", dev + "p"}} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	log, logs := testLogger(t)
-	dp, err := Load(log, testConfig(root, dev))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dp.Close()
-	if progs := tcxIngress(t, dev); len(progs) != 1 {
-		t.Errorf("recreated device: %d programs attached, want 1", len(progs))
-	}
-	if !strings.Contains(logs.String(), "Pinned link is not attached to the device any more") {
-		t.Error("the stale link of the deleted device was not replaced")
+	for _, mode := range []string{AttachTCX, AttachTC} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == AttachTCX {
+				needTCX(t)
+			}
+			root, dev := bpffs(t), testDevice(t)
+			dp, _ := loadMode(t, mode, root, dev)
+			dp.Close()
+			// Deleting the device detaches the program; a device of the
+			// same name comes back with another index.
+			for _, args := range [][]string{{"link", "del", dev}, {"link", "add", dev, "type", "veth", "peer", "name", dev + "p"}} {
+				if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+					t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+				}
+			}
+			dp, logs := loadMode(t, mode, root, dev)
+			dp.Close()
+			only(t, dev, mode)
+			if mode == AttachTCX && !strings.Contains(logs.String(), "Pinned link is not attached to the device any more") {
+				t.Error("the stale link of the deleted device was not replaced")
+			}
+		})
 	}
 }
 

@@ -337,8 +337,8 @@ func TestPrivilegedReconcilerProgramsTheMapsAndSurvivesARestart(t *testing.T) {
 	// The agent stops: the program stays attached, the maps as they are.
 	before := readMaps(t, root)
 	a.stop(t)
-	if progs := tcxIngress(t, dev); len(progs) != 1 {
-		t.Fatalf("after the agent stopped: %d programs attached, want 1", len(progs))
+	if a := attachedAt(t, dev); len(a.tcx)+len(a.tc) != 1 {
+		t.Fatalf("after the agent stopped: %s, want one program", a)
 	}
 
 	// A new agent whose control plane has sent only the cluster yet: the

@@ -59,6 +59,7 @@ func startAgent(t *testing.T) *agent {
 	)
 	// As flags would: the API's /config shows them too.
 	h.Viper().Set("bpf-root", a.root)
+	h.Viper().Set("datapath-attach", netns.DatapathAttach())
 	h.Viper().Set("api-socket", a.socket)
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))

@@ -67,6 +67,7 @@ func startAgent(tb testing.TB, srv *server, protocol string) *agent {
 	if useBPF() {
 		a.bpfRoot = netns.MountBPFFS(tb)
 		dpConfig.BPFRoot = a.bpfRoot
+		dpConfig.DatapathAttach = netns.DatapathAttach()
 	} else {
 		a.fake = datapath.NewFakeMaps()
 		hooks.FakeMaps = a.fake

@@ -87,6 +87,7 @@ func startAgentProcess(tb testing.TB, agentBin string, srv *server, protocol str
 		"--xds-protocol", protocol,
 		"--bpf-root", root,
 		"--api-socket", socket,
+		"--datapath-attach", netns.DatapathAttach(),
 	)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	if err := p.cmd.Start(); err != nil {

@@ -51,6 +51,7 @@ func testFlood(t *testing.T, protocol string) {
 		// The package runs in namespaces of its own (netns.Main): lo is
 		// its own, and the maps are pinned in a BPF filesystem of the test.
 		args = append(args, "--datapath", "bpf", "--devices", "lo", "--bpf-root", netns.MountBPFFS(t))
+		args = append(args, netns.DatapathAttachArgs()...)
 	} else {
 		args = append(args, "--datapath", "none")
 	}

@@ -188,7 +188,12 @@ func (e *lbEnv) startAgent(t *testing.T) {
 		"--api-socket", e.socket,
 		"--datapath", "bpf", "--devices", netns.ClientDevice + "," + netns.BridgeDevice,
 		"--bpf-root", e.bpfRoot}
+	args = append(args, netns.DatapathAttachArgs()...)
 	e.agent = startIn(t, e.top, e.topo.LB, filepath.Join(e.bin, "l4xds-agent"), append(args, e.agentArgs...)...)
+	if m := netns.DatapathAttach(); m != "auto" {
+		// The attachment the run asked for (CI's tc pass) is the one made.
+		e.agent.WaitOutput(t, " mode="+m+" datapath-attach=", 30*time.Second)
+	}
 }
 
 // apply replaces the served resources; the control plane picks the file up
