@@ -24,6 +24,7 @@ import (
 	"github.com/cilium/cilium/daemon/cmd"
 	"github.com/cilium/cilium/pkg/hive"
 
+	"github.com/l4xds/l4xds/pkg/l4lb"
 	"github.com/l4xds/l4xds/pkg/xds"
 )
 
@@ -98,7 +99,7 @@ func TestUpstreamChart(t *testing.T) {
 	if flags.Lookup("xds-control-plane") == nil {
 		t.Fatal("the agent has no --xds-control-plane")
 	}
-	cfg, err := applyBlock(xds.DefaultConfig, block{XDSControlPlane: config.Data["xds-control-plane"]})
+	cfg, _, err := applyBlock(xds.DefaultConfig, l4lb.DefaultConfig, block{XDSControlPlane: config.Data["xds-control-plane"]})
 	if err != nil {
 		t.Fatalf("cilium-config xds-control-plane: %v", err)
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/l4xds/l4xds/cilium/sink"
+	"github.com/l4xds/l4xds/pkg/l4lb"
 	"github.com/l4xds/l4xds/pkg/xds"
 )
 
@@ -26,10 +28,11 @@ var defaultBlock = block{}
 
 func (def block) Flags(flags *pflag.FlagSet) {
 	flags.String("xds-control-plane", def.XDSControlPlane,
-		"The CFP's xds-control-plane block as YAML (enabled, server-address, client-cert-path, client-key-path, ca-cert-path, ...); an alternative to the --xds-* flags")
+		"The CFP's xds-control-plane block as YAML (enabled, server-address, client-cert-path, client-key-path, ca-cert-path, metadata-key, namespace, cluster, ...); an alternative to the --xds-* flags")
 }
 
-// cfpBlock lists the keys of the block: those of the CFP, then the other
+// cfpBlock lists the keys of the block: those of the CFP, those of the CFP
+// author's prototype (metadata-key, namespace, cluster), then the other
 // --xds-* settings under the same names.
 type cfpBlock struct {
 	Enabled                     *bool          `yaml:"enabled"`
@@ -37,6 +40,9 @@ type cfpBlock struct {
 	ClientCertPath              *string        `yaml:"client-cert-path"`
 	ClientKeyPath               *string        `yaml:"client-key-path"`
 	CACertPath                  *string        `yaml:"ca-cert-path"`
+	MetadataKey                 *string        `yaml:"metadata-key"`
+	Namespace                   *string        `yaml:"namespace"`
+	Cluster                     *string        `yaml:"cluster"`
 	ServerName                  *string        `yaml:"server-name"`
 	ServerFeatures              *string        `yaml:"server-features"`
 	Insecure                    *bool          `yaml:"insecure"`
@@ -51,19 +57,28 @@ type cfpBlock struct {
 	ConnectTimeout              *time.Duration `yaml:"connect-timeout"`
 }
 
-// applyBlock merges the block into the --xds-* settings. A key set both
-// ways to different values is an error naming both, never a silent choice.
-func applyBlock(cfg xds.Config, b block) (xds.Config, error) {
-	if b.XDSControlPlane == "" {
-		return cfg, nil
-	}
+// applyBlock merges the block into the --xds-* settings of the client and
+// of the translation. A key set both ways to different values is an error
+// naming both, never a silent choice.
+func applyBlock(cfg xds.Config, names l4lb.Config, b block) (xds.Config, l4lb.Config, error) {
 	var blk cfpBlock
-	dec := yaml.NewDecoder(bytes.NewReader([]byte(b.XDSControlPlane)))
-	dec.KnownFields(true)
-	if err := dec.Decode(&blk); err != nil && !errors.Is(err, io.EOF) {
-		return cfg, fmt.Errorf("xds-control-plane: %w", err)
+	if b.XDSControlPlane != "" {
+		dec := yaml.NewDecoder(bytes.NewReader([]byte(b.XDSControlPlane)))
+		dec.KnownFields(true)
+		if err := dec.Decode(&blk); err != nil && !errors.Is(err, io.EOF) {
+			return cfg, names, fmt.Errorf("xds-control-plane: %w", err)
+		}
 	}
 	var errs []error
+	merge(&errs, &names.XDSMetadataKey, blk.MetadataKey, l4lb.DefaultConfig.XDSMetadataKey, "metadata-key", "xds-metadata-key")
+	merge(&errs, &names.XDSNamespace, blk.Namespace, l4lb.DefaultConfig.XDSNamespace, "namespace", "xds-namespace")
+	merge(&errs, &names.XDSCluster, blk.Cluster, l4lb.DefaultConfig.XDSCluster, "cluster", "xds-cluster")
+	// Inside Cilium every service has a namespace, xds unless the
+	// metadata or the settings name another; empty is the default, as in
+	// the CFP author's prototype.
+	if names.XDSNamespace == "" {
+		names.XDSNamespace = sink.Namespace
+	}
 	merge(&errs, &cfg.EnableXDSControlPlane, blk.Enabled, xds.DefaultConfig.EnableXDSControlPlane, "enabled", "enable-xds-control-plane")
 	merge(&errs, &cfg.XDSServerAddress, blk.ServerAddress, xds.DefaultConfig.XDSServerAddress, "server-address", "xds-server-address")
 	merge(&errs, &cfg.XDSClientCertPath, blk.ClientCertPath, xds.DefaultConfig.XDSClientCertPath, "client-cert-path", "xds-client-cert-path")
@@ -81,7 +96,7 @@ func applyBlock(cfg xds.Config, b block) (xds.Config, error) {
 	merge(&errs, &cfg.XDSMaxRecvMsgSize, blk.MaxRecvMsgSize, xds.DefaultConfig.XDSMaxRecvMsgSize, "max-recv-msg-size", "xds-max-recv-msg-size")
 	merge(&errs, &cfg.XDSResourceDoesNotExistTimeout, blk.ResourceDoesNotExistTimeout, xds.DefaultConfig.XDSResourceDoesNotExistTimeout, "resource-does-not-exist-timeout", "xds-resource-does-not-exist-timeout")
 	merge(&errs, &cfg.XDSConnectTimeout, blk.ConnectTimeout, xds.DefaultConfig.XDSConnectTimeout, "connect-timeout", "xds-connect-timeout")
-	return cfg, errors.Join(errs...)
+	return cfg, names, errors.Join(errs...)
 }
 
 // merge sets *field from the block's value unless the flag already set it

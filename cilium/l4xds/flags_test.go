@@ -27,7 +27,7 @@ func TestFlagsDoNotCollide(t *testing.T) {
 		}()
 		hive.New(cmd.Agent, Cell).RegisterFlags(flags)
 	}()
-	for _, name := range []string{"enable-xds-control-plane", "xds-server-address", "xds-client-cert-path", "xds-control-plane", "bpf-lb-algorithm-annotation", "enable-k8s"} {
+	for _, name := range []string{"enable-xds-control-plane", "xds-server-address", "xds-client-cert-path", "xds-control-plane", "xds-metadata-key", "xds-namespace", "xds-cluster", "bpf-lb-algorithm-annotation", "enable-k8s"} {
 		if flags.Lookup(name) == nil {
 			t.Errorf("--%s is missing", name)
 		}

@@ -31,14 +31,29 @@ const (
 	// Source owns every row the sink writes; Cilium's other sources
 	// (Kubernetes, the file reflector) are never touched.
 	Source = source.Source("xds")
-	// Namespace is the namespace of every xDS service in Cilium's tables:
-	// cluster "db" is service "xds/db".
+	// Namespace is the namespace of an xDS service whose name has none
+	// (the cell gives every service one): cluster "db" is service "xds/db".
 	Namespace = "xds"
 )
 
-// ServiceName is the name of an xDS service in Cilium's tables.
+// ServiceName is the name of an xDS service in Cilium's tables: a name
+// without a namespace in Namespace.
 func ServiceName(name lb.ServiceName) clb.ServiceName {
 	return clb.NewServiceName(Namespace, string(name))
+}
+
+// serviceName is svc's name in Cilium's tables, in Cilium's parts: the
+// translation names it "[cluster/]namespace/service" when it has a
+// namespace, and says where the prefix ends.
+func serviceName(svc *lb.Service) clb.ServiceName {
+	if svc.Namespace == "" {
+		return ServiceName(svc.Name)
+	}
+	prefix := svc.Namespace + "/"
+	if svc.Cluster != "" {
+		prefix = svc.Cluster + "/" + prefix
+	}
+	return clb.NewServiceNameInCluster(svc.Cluster, svc.Namespace, strings.TrimPrefix(string(svc.Name), prefix))
 }
 
 // New returns the sink that writes through Cilium's Writer.
@@ -72,6 +87,9 @@ type Sink struct {
 }
 
 type service struct {
+	// name is the service's name in Cilium's tables, known once it has
+	// been upserted.
+	name     clb.ServiceName
 	ports    []portName // one per (protocol, target port) of the frontends
 	backends []lb.BackendParams
 	reject   uint16 // the RejectWeight last written
@@ -109,7 +127,7 @@ type txn struct {
 func (t *txn) Commit() { t.txn.Commit() }
 
 func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParams) error {
-	name := ServiceName(svc.Name)
+	name := serviceName(svc)
 	var ports []portName
 	cfes := make([]clb.FrontendParams, 0, len(fes))
 	for _, fe := range fes {
@@ -159,6 +177,7 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 		return fmt.Errorf("service %q: %w", svc.Name, err)
 	}
 	st := t.s.state(svc.Name)
+	st.name = name
 	if svc.RejectWeight != st.reject && svc.RejectWeight > 0 {
 		t.s.log.Warn("xDS service asks for a reject share that Cilium cannot serve: those new flows go to its backends instead of being refused",
 			"service", svc.Name, "reject_weight", svc.RejectWeight)
@@ -172,7 +191,8 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 }
 
 // owner names the service of a frontend as the standalone agent would: a
-// cluster by its name, any other Cilium service (Kubernetes, say) in full.
+// cluster's service without a namespace by its name, any other service
+// (qualified, or Kubernetes') in full.
 func owner(n clb.ServiceName) string {
 	if n.Namespace() == Namespace && n.Cluster() == "" {
 		return n.Name()
@@ -181,7 +201,7 @@ func owner(n clb.ServiceName) string {
 }
 
 func (t *txn) DeleteServiceAndFrontends(name lb.ServiceName) error {
-	if _, err := t.s.w.DeleteServiceAndFrontends(t.txn, ServiceName(name)); err != nil && !errors.Is(err, statedb.ErrObjectNotFound) {
+	if _, err := t.s.w.DeleteServiceAndFrontends(t.txn, t.s.name(name)); err != nil && !errors.Is(err, statedb.ErrObjectNotFound) {
 		return fmt.Errorf("service %q: %w", name, err)
 	}
 	if st := t.s.services[name]; st != nil {
@@ -197,6 +217,15 @@ func (t *txn) SetBackends(name lb.ServiceName, bes ...lb.BackendParams) error {
 	err := t.writeBackends(name, st)
 	t.s.forget(name, st)
 	return err
+}
+
+// name is the Cilium name of the service: as last upserted, else as a name
+// without a namespace.
+func (s *Sink) name(name lb.ServiceName) clb.ServiceName {
+	if st := s.services[name]; st != nil && st.name.String() != "" {
+		return st.name
+	}
+	return ServiceName(name)
 }
 
 func (s *Sink) state(name lb.ServiceName) *service {
@@ -244,6 +273,7 @@ func (t *txn) writeBackends(name lb.ServiceName, st *service) error {
 				PortNames: []string{p.String()},
 				Weight:    be.Weight,
 				State:     state,
+				NodeName:  be.NodeName,
 			}
 			if be.Zone != "" {
 				cbe.Zone = &clb.BackendZone{Zone: be.Zone}
@@ -257,7 +287,7 @@ func (t *txn) writeBackends(name lb.ServiceName, st *service) error {
 			cbes = append(cbes, cbe)
 		}
 	}
-	if err := t.s.w.SetBackends(t.txn, ServiceName(name), Source, cbes...); err != nil {
+	if err := t.s.w.SetBackends(t.txn, t.s.name(name), Source, cbes...); err != nil {
 		return fmt.Errorf("service %q: %w", name, err)
 	}
 	return nil

@@ -18,13 +18,15 @@ var Cell = cell.Module(
 	"l4lb",
 	"Translates xDS clusters into load-balancing services",
 
-	cell.Provide(newController),
+	cell.Config(DefaultConfig),
+	cell.Provide(newCellController),
 	cell.Invoke(func(*Controller) {}),
 )
 
 type controllerParams struct {
 	cell.In
 
+	Config Config
 	Sink   Sink
 	Client *xds.Client
 	Jobs   job.Registry
@@ -34,8 +36,11 @@ type controllerParams struct {
 // newController watches every cluster (wildcard CDS) and the EDS names the
 // l4lb clusters ask for. Watches are registered at construction, before the
 // client starts, so that no update is missed.
-func newController(p controllerParams) *Controller {
-	c := NewController(p.Sink, p.Client)
+func newCellController(p controllerParams) (*Controller, error) {
+	c, err := NewControllerWith(p.Config, p.Sink, p.Client)
+	if err != nil {
+		return nil, err
+	}
 	p.Client.Watch(xds.ClusterType, true, c.ClusterHandler())
 	p.Client.Watch(xds.EndpointType, false, c.EndpointHandler())
 
@@ -51,5 +56,5 @@ func newController(p controllerParams) *Controller {
 		}
 		return nil
 	}))
-	return c
+	return c, nil
 }

@@ -38,11 +38,13 @@ const InitializerName = "l4lb-xds"
 type Controller struct {
 	sink  Sink
 	names NameSetter
+	tr    *Translator
 
 	mu sync.Mutex
-	// clusters are the EDS names of the accepted l4lb clusters ("" for a
-	// STATIC one), by cluster name: the rest of a spec is in the tables.
-	clusters map[string]string
+	// clusters are the accepted l4lb clusters, by cluster name.
+	clusters map[string]cluster
+	// owners are the clusters of the services: one each.
+	owners map[loadbalancer.ServiceName]string
 	// users are the clusters of each EDS name, in no order. Nearly always
 	// one: a slice, not a set, costs a tenth of a small map per service.
 	users map[string][]string
@@ -61,14 +63,42 @@ type Controller struct {
 	pending int // requested names not in sawEDS
 }
 
+// cluster is what the controller remembers of an accepted cluster.
+type cluster struct {
+	// eds is its EDS name, "" for a STATIC cluster.
+	eds string
+	// svc and fes are its service as last written, to restore it if a
+	// change of its name fails.
+	svc *loadbalancer.Service
+	fes []loadbalancer.FrontendParams
+}
+
+// ErrServiceConflict: the service is named by another cluster.
+var ErrServiceConflict = errors.New("service already named by another cluster")
+
 // NewController registers the controller's initializer with sink. Its
 // handlers are HandleClusters and HandleEndpoints; names receives the EDS
-// names to request.
+// names to request. It translates under DefaultConfig.
 func NewController(sink Sink, names NameSetter) *Controller {
+	return newController(defaultTranslator, sink, names)
+}
+
+// NewControllerWith is NewController translating under cfg.
+func NewControllerWith(cfg Config, sink Sink, names NameSetter) (*Controller, error) {
+	tr, err := NewTranslator(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return newController(tr, sink, names), nil
+}
+
+func newController(tr *Translator, sink Sink, names NameSetter) *Controller {
 	return &Controller{
 		sink:     sink,
 		names:    names,
-		clusters: map[string]string{},
+		tr:       tr,
+		clusters: map[string]cluster{},
+		owners:   map[loadbalancer.ServiceName]string{},
 		users:    map[string][]string{},
 		clas:     map[string][]loadbalancer.BackendParams{},
 		done:     sink.RegisterInitializer(InitializerName),
@@ -105,13 +135,13 @@ func (c *Controller) HandleClusters(_ context.Context, u xds.Update) map[string]
 	for _, r := range u.Upserted {
 		if err := c.upsertCluster(txn, r); err != nil {
 			rejected[r.Name] = err
-			if errors.Is(err, loadbalancer.ErrFrontendConflict) {
+			if errors.Is(err, loadbalancer.ErrFrontendConflict) || errors.Is(err, ErrServiceConflict) {
 				conflicts = append(conflicts, r)
 			}
 		}
 	}
-	// A cluster may want a VIP that a later one in the same update gives
-	// up: retry the conflicts while that makes progress. (Two clusters
+	// A cluster may want a VIP or a service name that a later one in the
+	// same update gives up: retry the conflicts while that makes progress. (Two clusters
 	// swapping VIPs in one update still conflict.)
 	for progress := true; progress && len(conflicts) > 0; {
 		progress = false
@@ -139,11 +169,11 @@ func (c *Controller) upsertCluster(txn SinkTxn, r xds.Resource) error {
 	if !ok {
 		return fmt.Errorf("cluster %q: message is a %T, not a Cluster", r.Name, r.Message)
 	}
-	spec, err := TranslateCluster(cl)
+	spec, err := c.tr.Cluster(cl)
 	if err != nil {
 		return err
 	}
-	prevEDSName, had := c.clusters[r.Name]
+	prev, had := c.clusters[r.Name]
 	if spec == nil {
 		// Not ours, or no longer ours: a cluster that lost its metadata
 		// leaves nothing behind.
@@ -156,17 +186,45 @@ func (c *Controller) upsertCluster(txn SinkTxn, r xds.Resource) error {
 		return &Error{Kind: "cluster", Name: r.Name, Field: "name", Err: fmt.Errorf("%q differs from the resource name", cl.GetName())}
 	}
 
+	// One cluster per service: a second would overwrite the first's
+	// frontends and backends.
+	name := spec.Service.Name
+	if owner, ok := c.owners[name]; ok && owner != r.Name {
+		return fmt.Errorf("cluster %q: service %q is already named by cluster %q: %w", r.Name, name, owner, ErrServiceConflict)
+	}
+	renamed := had && prev.svc.Name != name
+	if renamed {
+		// Frees the VIPs the service keeps under its new name; the
+		// backends stay until the new name has its frontends.
+		if err := txn.DeleteServiceAndFrontends(prev.svc.Name); err != nil {
+			return fmt.Errorf("cluster %q: %w", r.Name, err)
+		}
+	}
 	// The sink checks everything before it writes, so a conflict leaves
 	// this cluster's previous rows as they were.
 	if err := txn.UpsertServiceAndFrontends(spec.Service, spec.Frontends...); err != nil {
+		if renamed {
+			// Its own VIPs were freed just above: the old service
+			// goes back as it was.
+			if rerr := txn.UpsertServiceAndFrontends(prev.svc, prev.fes...); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
 		return fmt.Errorf("cluster %q: %w", r.Name, err)
 	}
 
-	name := loadbalancer.ServiceName(r.Name)
 	switch {
+	case renamed && spec.EDSName != "":
+		if err = txn.SetBackends(prev.svc.Name); err == nil {
+			err = txn.SetBackends(name, c.clas[spec.EDSName]...)
+		}
+	case renamed:
+		if err = txn.SetBackends(prev.svc.Name); err == nil {
+			err = txn.SetBackends(name, spec.Backends...)
+		}
 	case spec.EDSName == "":
 		err = txn.SetBackends(name, spec.Backends...)
-	case !had || prevEDSName != spec.EDSName:
+	case !had || prev.eds != spec.EDSName:
 		// The backends of the new CLA if known, none otherwise: the old
 		// CLA's backends must not serve the new name.
 		err = txn.SetBackends(name, c.clas[spec.EDSName]...)
@@ -176,29 +234,32 @@ func (c *Controller) upsertCluster(txn SinkTxn, r xds.Resource) error {
 	}
 
 	if had {
-		c.removeUser(prevEDSName, r.Name)
+		c.removeUser(prev.eds, r.Name)
+		delete(c.owners, prev.svc.Name)
 	}
 	if spec.EDSName != "" {
 		c.users[spec.EDSName] = append(c.users[spec.EDSName], r.Name)
 	}
-	c.clusters[r.Name] = spec.EDSName
+	c.clusters[r.Name] = cluster{eds: spec.EDSName, svc: spec.Service, fes: spec.Frontends}
+	c.owners[name] = r.Name
 	return nil
 }
 
 func (c *Controller) deleteCluster(txn SinkTxn, name string) error {
-	edsName, had := c.clusters[name]
+	cl, had := c.clusters[name]
 	if !had {
 		return nil
 	}
-	svc := loadbalancer.ServiceName(name)
+	svc := cl.svc.Name
 	if err := txn.DeleteServiceAndFrontends(svc); err != nil {
 		return fmt.Errorf("cluster %q: %w", name, err)
 	}
 	if err := txn.SetBackends(svc); err != nil {
 		return fmt.Errorf("cluster %q: %w", name, err)
 	}
-	c.removeUser(edsName, name)
+	c.removeUser(cl.eds, name)
 	delete(c.clusters, name)
+	delete(c.owners, svc)
 	return nil
 }
 
@@ -294,7 +355,7 @@ func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
 	if cla.GetClusterName() != r.Name {
 		return &Error{Kind: "cluster_load_assignment", Name: r.Name, Field: "cluster_name", Err: fmt.Errorf("%q differs from the resource name", cla.GetClusterName())}
 	}
-	bes, err := TranslateEndpoints(cla)
+	bes, err := c.tr.Endpoints(cla)
 	if err != nil {
 		return err
 	}
@@ -304,9 +365,9 @@ func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
 
 // setBackends gives bes to every cluster of the EDS name.
 func (c *Controller) setBackends(txn SinkTxn, edsName string, bes []loadbalancer.BackendParams) error {
-	for _, cluster := range c.users[edsName] {
-		if err := txn.SetBackends(loadbalancer.ServiceName(cluster), bes...); err != nil {
-			return fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, cluster, err)
+	for _, name := range c.users[edsName] {
+		if err := txn.SetBackends(c.clusters[name].svc.Name, bes...); err != nil {
+			return fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, name, err)
 		}
 	}
 	return nil

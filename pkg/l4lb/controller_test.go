@@ -358,7 +358,7 @@ func TestControllerOneMalformedAmongMany(t *testing.T) {
 
 	// A good cluster turning bad keeps its previous version.
 	rejectedWith(t, f.cds(nil, edsCluster("svc-007", `{vip: 10.1.0.8, port: 80, prot: UDP}`, "")), map[string]string{
-		"svc-007": `cluster "svc-007": io.cilium.l4lb.prot: unknown key (known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout, reject_weight)`,
+		"svc-007": `cluster "svc-007": io.cilium.l4lb.prot: unknown key (known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout, reject_weight, service, namespace, cluster, portName)`,
 	})
 	fe, _, found := f.w.Frontends().Get(f.w.ReadTxn(), loadbalancer.FrontendByAddress.Query(
 		loadbalancer.L3n4Addr{Addr: mustAddr("10.1.0.8"), Port: 80, Protocol: loadbalancer.TCP}))
@@ -677,4 +677,130 @@ func TestControllerVIPHandedOverInOneUpdate(t *testing.T) {
 		frontend 10.1.2.2:80/TCP a2 -> []
 		frontend 10.1.2.3:80/TCP b -> []
 	`)
+}
+
+// TestControllerServiceNamedTwice: two clusters that name one service
+// (metadata service, namespace, cluster) are a conflict, as two clusters
+// asking for one VIP are: the later is NACKed, naming both, and the first
+// keeps the service. Never one overwriting the other.
+func TestControllerServiceNamedTwice(t *testing.T) {
+	f := newFixture(t)
+	rejectedWith(t, f.cds(nil,
+		edsCluster("cassandra-east", `{vip: 10.0.20.15, port: 9042, service: cassandra, namespace: platform}`, ""),
+		edsCluster("cassandra-west", `{vip: 10.0.20.16, port: 9042, service: cassandra, namespace: platform}`, ""),
+	), map[string]string{
+		"cassandra-west": `cluster "cassandra-west": service "platform/cassandra" is already named by cluster "cassandra-east": service already named by another cluster`,
+	})
+	noRejections(t, f.eds(nil,
+		claOf("cassandra-east", ep("192.168.100.10", 9042, "")),
+		claOf("cassandra-west", ep("192.168.101.10", 9042, "")),
+	))
+	f.expectNames("cassandra-east")
+	f.expect(`
+		service platform/cassandra source=xds
+		frontend 10.0.20.15:9042/TCP platform/cassandra -> [192.168.100.10:9042]
+		backend platform/cassandra 192.168.100.10:9042 weight=1 active
+	`)
+
+	// Another namespace is another service.
+	noRejections(t, f.cds(nil, edsCluster("cassandra-west", `{vip: 10.0.20.16, port: 9042, service: cassandra, namespace: platform, cluster: west}`, "")))
+	noRejections(t, f.eds(nil, claOf("cassandra-west", ep("192.168.101.10", 9042, ""))))
+	f.expect(`
+		service platform/cassandra source=xds
+		service west/platform/cassandra source=xds
+		frontend 10.0.20.15:9042/TCP platform/cassandra -> [192.168.100.10:9042]
+		frontend 10.0.20.16:9042/TCP west/platform/cassandra -> [192.168.101.10:9042]
+		backend platform/cassandra 192.168.100.10:9042 weight=1 active
+		backend west/platform/cassandra 192.168.101.10:9042 weight=1 active
+	`)
+
+	// A name the owner gives up in the same update may be taken.
+	noRejections(t, f.cds([]string{"cassandra-east"}, edsCluster("cassandra-west", `{vip: 10.0.20.16, port: 9042, service: cassandra, namespace: platform}`, "")))
+	f.expect(`
+		service platform/cassandra source=xds
+		frontend 10.0.20.16:9042/TCP platform/cassandra -> [192.168.101.10:9042]
+		backend platform/cassandra 192.168.101.10:9042 weight=1 active
+	`)
+}
+
+// TestControllerServiceRenamed: a cluster whose metadata names another
+// service moves its frontends and backends to the new name; when the new
+// name cannot be had, the old service stays as it was.
+func TestControllerServiceRenamed(t *testing.T) {
+	f := newFixture(t)
+	noRejections(t, f.cds(nil,
+		edsCluster("db", `{vip: 10.1.2.3, port: 3306, service: mysql}`, ""),
+		"name: static\ntype: STATIC\nmetadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.9, port: 80}}}\nload_assignment: {cluster_name: static, endpoints: [{lb_endpoints: ["+ep("10.0.0.9", 80, "")+"]}]}",
+		edsCluster("other", `{vip: 10.1.2.4, port: 3306}`, ""),
+	))
+	noRejections(t, f.eds(nil, claOf("db", ep("10.0.0.1", 3306, ""))))
+
+	noRejections(t, f.cds(nil,
+		edsCluster("db", `{vip: 10.1.2.3, port: 3306, service: mysql, namespace: platform}`, ""),
+		"name: static\ntype: STATIC\nmetadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.9, port: 80, service: web}}}\nload_assignment: {cluster_name: static, endpoints: [{lb_endpoints: ["+ep("10.0.0.9", 80, "")+"]}]}",
+	))
+	want := `
+		service other source=xds
+		service platform/mysql source=xds
+		service web source=xds
+		frontend 10.1.2.3:3306/TCP platform/mysql -> [10.0.0.1:3306]
+		frontend 10.1.2.4:3306/TCP other -> []
+		frontend 10.1.2.9:80/TCP web -> [10.0.0.9:80]
+		backend platform/mysql 10.0.0.1:3306 weight=1 active
+		backend web 10.0.0.9:80 weight=1 active
+	`
+	f.expect(want)
+
+	// The new name also asks for another service's VIP: rejected, and
+	// the old name keeps its frontends and backends.
+	rejectedWith(t, f.cds(nil, edsCluster("db", `{frontends: [{vip: 10.1.2.3, port: 3306}, {vip: 10.1.2.4, port: 3306}], service: mysql}`, "")), map[string]string{
+		"db": `cluster "db": frontend 10.1.2.4:3306/TCP is owned by service "other": frontend already owned by another service`,
+	})
+	f.expect(want)
+
+	// The CLA still reaches the service under its current name.
+	noRejections(t, f.eds(nil, claOf("db", ep("10.0.0.2", 3306, ""))))
+	f.expect(strings.ReplaceAll(want, "10.0.0.1:3306", "10.0.0.2:3306"))
+}
+
+// TestControllerWithConfig: the prototype's configuration (metadata key,
+// namespace, cluster) names the services in the tables, and the endpoint
+// metadata under that key sets the zone and the node.
+func TestControllerWithConfig(t *testing.T) {
+	w, err := loadbalancer.NewWriter(statedb.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, w: w, names: &fakeNames{}}
+	f.ctrl, err = NewControllerWith(Config{XDSMetadataKey: "custom", XDSNamespace: "platform", XDSCluster: "prod"}, NewTablesSink(w), f.names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noRejections(t, f.cds(nil,
+		"name: inventory-write\ntype: EDS\nmetadata: {filter_metadata: {custom: {vip: 10.0.20.15, port: \"9042\", protocol: tcp, service: cassandra}}}",
+		edsCluster("ignored", `{vip: 10.0.20.16, port: 9042}`, ""),
+	))
+	noRejections(t, f.eds(nil, `
+cluster_name: inventory-write
+endpoints:
+- locality: {zone: zone-a}
+  lb_endpoints:
+  - endpoint: {address: {socket_address: {address: 192.168.100.10, port_value: 9042}}}
+    metadata: {filter_metadata: {custom: {zone: zone-b, nodeName: node-a}}}
+  - endpoint: {address: {socket_address: {address: 192.168.101.10, port_value: 9042}}}
+`))
+	f.expectNames("inventory-write")
+	f.expect(`
+		service prod/platform/cassandra source=xds
+		frontend 10.0.20.15:9042/TCP prod/platform/cassandra -> [192.168.100.10:9042 192.168.101.10:9042]
+		backend prod/platform/cassandra 192.168.100.10:9042 weight=1 active zone=zone-b
+		backend prod/platform/cassandra 192.168.101.10:9042 weight=1 active zone=zone-a
+	`)
+	var nodes []string
+	for be := range f.w.Backends().All(f.w.ReadTxn()) {
+		nodes = append(nodes, be.NodeName)
+	}
+	if !slices.Equal(nodes, []string{"node-a", ""}) {
+		t.Errorf("node names %q, want [node-a \"\"]", nodes)
+	}
 }

@@ -286,10 +286,14 @@ var nackCases = []struct {
 	{"vip unspecified", cluster(`{ vip: "0.0.0.0", port: 3306 }`)},
 	{"vip multicast", cluster(`{ vip: "239.1.2.3", port: 3306 }`)},
 	{"no port", cluster(`{ vip: "10.1.2.3" }`)},
-	{"port a string", cluster(`{ vip: "10.1.2.3", port: "3306" }`)},
+	{"port a word", cluster(`{ vip: "10.1.2.3", port: "mysql" }`)},
 	{"port a fraction", cluster(`{ vip: "10.1.2.3", port: 3306.5 }`)},
 	{"port out of range", cluster(`{ vip: "10.1.2.3", port: 70000 }`)},
 	{"protocol", cluster(`{ vip: "10.1.2.3", port: 3306, protocol: SCTP }`)},
+	{"cluster without a namespace", cluster(`{ vip: "10.1.2.3", port: 3306, cluster: prod }`)},
+	{"service with a slash", cluster(`{ vip: "10.1.2.3", port: 3306, service: platform/cassandra }`)},
+	{"portName with frontends", cluster(`{ frontends: [{ vip: "10.1.2.53", port: 53 }], portName: dns }`)},
+	{"one portName for two ports", cluster(`{ frontends: [{ vip: "10.1.2.53", port: 53, portName: dns }, { vip: "10.1.2.53", port: 5353, portName: dns }] }`)},
 	{"frontends not a list", cluster(`{ frontends: { vip: "10.1.2.53", port: 53 } }`)},
 	{"frontends empty", cluster(`{ frontends: [] }`)},
 	{"frontend not a struct", cluster(`{ frontends: [ "10.1.2.53:53" ] }`)},
@@ -338,6 +342,12 @@ load_assignment:
   - lb_endpoints:
     - endpoint: { address: { socket_address: { address: db-0.example.internal, port_value: 3306 } } }
 `},
+	{"service named twice", cluster(`{ vip: "10.1.2.3", port: 3306, service: cassandra, namespace: platform }`) + `---
+'@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
+name: db-west
+type: EDS
+metadata: { filter_metadata: { io.cilium.l4lb: { vip: "10.1.2.4", port: 3306, service: cassandra, namespace: platform } } }
+`},
 	{"frontend conflict", cluster(`{ vip: "10.1.2.3", port: 3306 }`) + `---
 '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
 name: db-copy
@@ -355,6 +365,7 @@ metadata: { filter_metadata: { io.cilium.l4lb: { vip: "10.1.2.3", port: 3306 } }
 	{"no port_value", cla(`- lb_endpoints: [{ endpoint: { address: { socket_address: { address: 192.168.1.10 } } } }]`)},
 	{"weight zero", cla(`- lb_endpoints: [{ endpoint: { address: { socket_address: { address: 192.168.1.10, port_value: 3306 } } }, load_balancing_weight: 0 }]`)},
 	{"weight too large", cla(`- lb_endpoints: [{ endpoint: { address: { socket_address: { address: 192.168.1.10, port_value: 3306 } } }, load_balancing_weight: 100000 }]`)},
+	{"endpoint metadata unknown key", cla(`- lb_endpoints: [{ endpoint: { address: { socket_address: { address: 192.168.1.10, port_value: 3306 } } }, metadata: { filter_metadata: { io.cilium.l4lb: { node: node-a } } } }]`)},
 	{"endpoint twice", cla(`- lb_endpoints: [{ endpoint: { address: { socket_address: { address: 192.168.1.10, port_value: 3306 } } } }]
   - lb_endpoints: [{ endpoint: { address: { socket_address: { address: 192.168.1.10, port_value: 3306 } } } }]`)},
 }

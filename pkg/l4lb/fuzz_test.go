@@ -88,15 +88,27 @@ load_assignment:
 			}
 			return
 		}
-		checkSpec(t, c.GetName(), spec)
+		want := c.GetName()
+		if s := c.GetMetadata().GetFilterMetadata()[MetadataKey].GetFields()["service"].GetStringValue(); s != "" {
+			want = s
+		}
+		checkSpec(t, want, spec)
 	})
 }
 
-// checkSpec asserts what every accepted spec must satisfy.
+// checkSpec asserts what every accepted spec must satisfy; name is the
+// service's own name (the cluster's, or the metadata's service).
 func checkSpec(t *testing.T, name string, spec *ServiceSpec) {
 	t.Helper()
 	svc := spec.Service
-	if svc == nil || svc.Name != loadbalancer.ServiceName(name) || name == "" || svc.Source != loadbalancer.SourceXDS {
+	qualified := name
+	if svc != nil && svc.Namespace != "" {
+		qualified = svc.Namespace + "/" + name
+		if svc.Cluster != "" {
+			qualified = svc.Cluster + "/" + qualified
+		}
+	}
+	if svc == nil || svc.Name != loadbalancer.ServiceName(qualified) || name == "" || svc.Source != loadbalancer.SourceXDS {
 		t.Fatalf("service %+v for cluster %q", svc, name)
 	}
 	for _, p := range svc.SourceRanges {

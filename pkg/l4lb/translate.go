@@ -72,15 +72,41 @@ func (fe *fieldError) in(kind, name string) error {
 }
 
 var (
-	serviceKeys  = []string{"vip", "port", "protocol", "frontends", "source_ranges", "session_affinity_timeout", "reject_weight"}
-	frontendKeys = []string{"vip", "port", "protocol", "target_port"}
+	// The naming keys (service, namespace, cluster, portName) are those of
+	// the CFP author's prototype.
+	serviceKeys  = []string{"vip", "port", "protocol", "frontends", "source_ranges", "session_affinity_timeout", "reject_weight", "service", "namespace", "cluster", "portName"}
+	frontendKeys = []string{"vip", "port", "protocol", "target_port", "portName"}
+	// endpointKeys are those of an endpoint's metadata under the same key.
+	endpointKeys = []string{"zone", "nodeName"}
 )
 
-// TranslateCluster translates an l4lb cluster. A cluster without
-// io.cilium.l4lb metadata is not ours: it returns (nil, nil), never an
-// error. Errors are *Error.
+// Translator translates l4lb clusters and their endpoints under one Config.
+type Translator struct{ cfg Config }
+
+// NewTranslator checks cfg.
+func NewTranslator(cfg Config) (*Translator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Translator{cfg: cfg}, nil
+}
+
+var defaultTranslator = &Translator{cfg: DefaultConfig}
+
+// TranslateCluster translates an l4lb cluster under DefaultConfig.
 func TranslateCluster(c *clusterv3.Cluster) (*ServiceSpec, error) {
-	md, ours := c.GetMetadata().GetFilterMetadata()[MetadataKey]
+	return defaultTranslator.Cluster(c)
+}
+
+// TranslateEndpoints translates a ClusterLoadAssignment under DefaultConfig.
+func TranslateEndpoints(cla *endpointv3.ClusterLoadAssignment) ([]loadbalancer.BackendParams, error) {
+	return defaultTranslator.Endpoints(cla)
+}
+
+// Cluster translates an l4lb cluster. A cluster without metadata under the
+// key is not ours: it returns (nil, nil), never an error. Errors are *Error.
+func (t *Translator) Cluster(c *clusterv3.Cluster) (*ServiceSpec, error) {
+	md, ours := c.GetMetadata().GetFilterMetadata()[t.cfg.XDSMetadataKey]
 	if !ours {
 		return nil, nil
 	}
@@ -88,28 +114,30 @@ func TranslateCluster(c *clusterv3.Cluster) (*ServiceSpec, error) {
 	if name == "" {
 		return nil, fieldErrorf("name", "must not be empty").in("cluster", name)
 	}
-	spec, fe := translateMetadata(name, md.GetFields())
+	spec, fe := t.translateMetadata(name, md.GetFields())
 	if fe != nil {
 		return nil, fe.in("cluster", name)
 	}
-	if fe := translateDiscovery(c, spec); fe != nil {
+	if fe := t.translateDiscovery(c, spec); fe != nil {
 		return nil, fe.in("cluster", name)
 	}
 	return spec, nil
 }
 
-func translateMetadata(name string, fields map[string]*structpb.Value) (*ServiceSpec, *fieldError) {
-	const path = MetadataKey
+func (t *Translator) translateMetadata(name string, fields map[string]*structpb.Value) (*ServiceSpec, *fieldError) {
+	path := t.cfg.XDSMetadataKey
 	if fe := checkKeys(fields, path, serviceKeys); fe != nil {
 		return nil, fe
 	}
-	svcName := loadbalancer.ServiceName(name)
-	spec := &ServiceSpec{
-		Service: &loadbalancer.Service{Name: svcName, Source: loadbalancer.SourceXDS},
+	svc, fe := t.service(name, fields, path)
+	if fe != nil {
+		return nil, fe
 	}
+	svcName := svc.Name
+	spec := &ServiceSpec{Service: svc}
 
 	if list, ok := fields["frontends"]; ok {
-		for _, k := range []string{"vip", "port", "protocol"} {
+		for _, k := range []string{"vip", "port", "protocol", "portName"} {
 			if _, ok := fields[k]; ok {
 				return nil, fieldErrorf(path+"."+k, "cannot be combined with frontends (give either vip and port, or frontends)")
 			}
@@ -131,6 +159,14 @@ func translateMetadata(name string, fields map[string]*structpb.Value) (*Service
 			return nil, ferr
 		}
 		spec.Frontends = []loadbalancer.FrontendParams{fe}
+	}
+	for _, fe := range spec.Frontends {
+		if fe.PortName != "" {
+			if svc.PortNames == nil {
+				svc.PortNames = map[string]uint16{}
+			}
+			svc.PortNames[fe.PortName] = fe.Address.Port
+		}
 	}
 
 	if v, ok := fields["source_ranges"]; ok {
@@ -160,6 +196,46 @@ func translateMetadata(name string, fields map[string]*structpb.Value) (*Service
 	return spec, nil
 }
 
+// service names the cluster's service: the keys service, namespace and
+// cluster, else the cluster's name and the configured namespace and cluster.
+// An empty value is the default, as in the prototype that introduced them.
+func (t *Translator) service(cluster string, fields map[string]*structpb.Value, path string) (*loadbalancer.Service, *fieldError) {
+	short, ns, cl := cluster, t.cfg.XDSNamespace, t.cfg.XDSCluster
+	for _, p := range []struct {
+		key string
+		dst *string
+	}{{"service", &short}, {"namespace", &ns}, {"cluster", &cl}} {
+		v, ok := fields[p.key]
+		if !ok {
+			continue
+		}
+		s, fe := stringValue(v, path+"."+p.key)
+		if fe != nil {
+			return nil, fe
+		}
+		if s == "" {
+			continue
+		}
+		if err := namePart(s); err != nil {
+			return nil, &fieldError{path: path + "." + p.key, err: err}
+		}
+		*p.dst = s
+	}
+	if cl != "" && ns == "" {
+		return nil, fieldErrorf(path+".cluster", "%q needs a namespace (the namespace key or --xds-namespace)", cl)
+	}
+	// Cilium's form: "[cluster/]namespace/name". A cluster's own name may
+	// hold slashes; Namespace and Cluster say where the prefix ends.
+	name := short
+	if ns != "" {
+		name = ns + "/" + short
+		if cl != "" {
+			name = cl + "/" + name
+		}
+	}
+	return &loadbalancer.Service{Name: loadbalancer.ServiceName(name), Namespace: ns, Cluster: cl, Source: loadbalancer.SourceXDS}, nil
+}
+
 // checkKeys rejects keys not in known, in sorted order so that the error is
 // deterministic.
 func checkKeys(fields map[string]*structpb.Value, path string, known []string) *fieldError {
@@ -187,6 +263,7 @@ func translateFrontends(svc loadbalancer.ServiceName, v *structpb.Value, path st
 	}
 	fes := make([]loadbalancer.FrontendParams, 0, len(items))
 	seen := make(map[loadbalancer.L3n4Addr]int, len(items))
+	portNames := map[string]int{}
 	for i, item := range items {
 		itemPath := fmt.Sprintf("%s[%d]", path, i)
 		st, ok := item.GetKind().(*structpb.Value_StructValue)
@@ -205,6 +282,12 @@ func translateFrontends(svc loadbalancer.ServiceName, v *structpb.Value, path st
 			return nil, fieldErrorf(itemPath, "%s duplicates frontends[%d]", fe.Address, j)
 		}
 		seen[fe.Address] = i
+		// A port name names one port (TCP and UDP of DNS may share it).
+		if j, dup := portNames[fe.PortName]; dup && fes[j].Address.Port != fe.Address.Port {
+			return nil, fieldErrorf(itemPath+".portName", "%q already names port %d (frontends[%d])", fe.PortName, fes[j].Address.Port, j)
+		} else if fe.PortName != "" && !dup {
+			portNames[fe.PortName] = i
+		}
 		fes = append(fes, fe)
 	}
 	return fes, nil
@@ -260,10 +343,18 @@ func translateFrontend(svc loadbalancer.ServiceName, fields map[string]*structpb
 		}
 	}
 
+	var portName string
+	if v, ok := fields["portName"]; ok {
+		if portName, fe = stringValue(v, path+".portName"); fe != nil {
+			return zero, fe
+		}
+	}
+
 	return loadbalancer.FrontendParams{
 		Address:     loadbalancer.NewL3n4Addr(vip, port, proto),
 		Type:        loadbalancer.SVCTypeLoadBalancer,
 		ServiceName: svc,
+		PortName:    portName,
 		ServicePort: target,
 	}, nil
 }
@@ -322,7 +413,9 @@ func stringValue(v *structpb.Value, path string) (string, *fieldError) {
 }
 
 // portValue reads a port. Struct numbers are float64: anything that is not
-// an integer in 1..65535 is an error, never rounded.
+// an integer in 1..65535 is an error, never rounded. A string of decimal
+// digits ("8080") is read as its number, as the prototype that introduced
+// the naming keys reads it.
 func portValue(v *structpb.Value, path string) (uint16, *fieldError) {
 	return uint16Value(v, path, 1)
 }
@@ -335,11 +428,19 @@ func weightValue(v *structpb.Value, path string) (uint16, *fieldError) {
 
 // uint16Value reads an integer lo..65535.
 func uint16Value(v *structpb.Value, path string, lo float64) (uint16, *fieldError) {
-	n, ok := v.GetKind().(*structpb.Value_NumberValue)
-	if !ok {
+	var f float64
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_NumberValue:
+		f = k.NumberValue
+	case *structpb.Value_StringValue:
+		u, err := strconv.ParseUint(k.StringValue, 10, 32)
+		if err != nil {
+			return 0, fieldErrorf(path, "want a number, got %s", describe(v))
+		}
+		f = float64(u)
+	default:
 		return 0, fieldErrorf(path, "want a number, got %s", describe(v))
 	}
-	f := n.NumberValue
 	if math.IsNaN(f) || math.IsInf(f, 0) || f != math.Trunc(f) {
 		return 0, fieldErrorf(path, "%s is not an integer", formatNumber(f))
 	}
@@ -387,11 +488,11 @@ func describe(v *structpb.Value) string {
 }
 
 // translateDiscovery fills in where the backends come from.
-func translateDiscovery(c *clusterv3.Cluster, spec *ServiceSpec) *fieldError {
+func (t *Translator) translateDiscovery(c *clusterv3.Cluster, spec *ServiceSpec) *fieldError {
 	if ct, ok := c.GetClusterDiscoveryType().(*clusterv3.Cluster_ClusterType); ok {
 		return fieldErrorf("type", "cluster_type extension %q is not supported (want EDS or STATIC)", ct.ClusterType.GetName())
 	}
-	switch t := c.GetType(); t {
+	switch typ := c.GetType(); typ {
 	case clusterv3.Cluster_EDS:
 		// An inline load_assignment of an EDS cluster is ignored, as Envoy
 		// does.
@@ -409,25 +510,25 @@ func translateDiscovery(c *clusterv3.Cluster, spec *ServiceSpec) *fieldError {
 			// Also catches a forgotten "type: EDS": STATIC is the default.
 			return fieldErrorf("load_assignment", "required for a STATIC cluster (or set type: EDS)")
 		}
-		bes, fe := translateCLA(la, "load_assignment.")
+		bes, fe := t.translateCLA(la, "load_assignment.")
 		if fe != nil {
 			return fe
 		}
 		spec.Backends = bes
 	default:
-		return fieldErrorf("type", "%s is not supported (want EDS or STATIC)", t)
+		return fieldErrorf("type", "%s is not supported (want EDS or STATIC)", typ)
 	}
 	return nil
 }
 
-// TranslateEndpoints translates a ClusterLoadAssignment into backends, in
-// its order. Errors are *Error.
-func TranslateEndpoints(cla *endpointv3.ClusterLoadAssignment) ([]loadbalancer.BackendParams, error) {
+// Endpoints translates a ClusterLoadAssignment into backends, in its
+// order. Errors are *Error.
+func (t *Translator) Endpoints(cla *endpointv3.ClusterLoadAssignment) ([]loadbalancer.BackendParams, error) {
 	name := cla.GetClusterName()
 	if name == "" {
 		return nil, fieldErrorf("cluster_name", "must not be empty").in("cluster_load_assignment", name)
 	}
-	bes, fe := translateCLA(cla, "")
+	bes, fe := t.translateCLA(cla, "")
 	if fe != nil {
 		return nil, fe.in("cluster_load_assignment", name)
 	}
@@ -437,7 +538,12 @@ func TranslateEndpoints(cla *endpointv3.ClusterLoadAssignment) ([]loadbalancer.B
 // translateCLA translates the endpoints of cla; prefix is the path of cla
 // in its resource ("" or "load_assignment."). Paths are formatted only for
 // an error: a CLA may hold thousands of endpoints.
-func translateCLA(cla *endpointv3.ClusterLoadAssignment, prefix string) ([]loadbalancer.BackendParams, *fieldError) {
+//
+// DEGRADED endpoints are Envoy's fallback: used only when there are not
+// enough healthy ones. Our selection has no partial spill-over, so they take
+// new flows only when no healthy endpoint of their IP family is left, and
+// are in maintenance (kept, no new flows) otherwise.
+func (t *Translator) translateCLA(cla *endpointv3.ClusterLoadAssignment, prefix string) ([]loadbalancer.BackendParams, *fieldError) {
 	lles := cla.GetEndpoints()
 	total := 0
 	for _, lle := range lles {
@@ -446,6 +552,8 @@ func translateCLA(cla *endpointv3.ClusterLoadAssignment, prefix string) ([]loadb
 	bes := make([]loadbalancer.BackendParams, 0, total)
 	// seen is the (locality, endpoint) index of each address.
 	seen := make(map[loadbalancer.L3n4Addr][2]int, total)
+	var degraded []int
+	var healthy4, healthy6 bool
 	for i, lle := range lles {
 		switch lle.GetLbConfig().(type) {
 		case *endpointv3.LocalityLbEndpoints_LoadBalancerEndpoints:
@@ -454,19 +562,38 @@ func translateCLA(cla *endpointv3.ClusterLoadAssignment, prefix string) ([]loadb
 			return nil, fieldErrorf(fmt.Sprintf("%sendpoints[%d].leds_cluster_locality_config", prefix, i), "LEDS is not supported (use lb_endpoints)")
 		}
 		for j, lbe := range lle.GetLbEndpoints() {
-			be, fe := translateLbEndpoint(lbe)
+			be, isDegraded, fe := t.translateLbEndpoint(lbe)
 			if fe != nil {
 				fe.path = endpointPath(prefix, i, j) + fe.path
 				return nil, fe
 			}
 			be.Priority = lle.GetPriority()
-			be.Zone = lle.GetLocality().GetZone()
+			if be.Zone == "" {
+				be.Zone = lle.GetLocality().GetZone()
+			}
 			if other, dup := seen[be.Address]; dup {
 				return nil, fieldErrorf(endpointPath(prefix, i, j)+".endpoint.address.socket_address", "%s duplicates %s",
 					be.Address, endpointPath("", other[0], other[1]))
 			}
 			seen[be.Address] = [2]int{i, j}
+			switch {
+			case isDegraded:
+				degraded = append(degraded, len(bes))
+			case be.State == loadbalancer.BackendStateActive && be.Address.Addr.Is4():
+				healthy4 = true
+			case be.State == loadbalancer.BackendStateActive:
+				healthy6 = true
+			}
 			bes = append(bes, be)
+		}
+	}
+	for _, k := range degraded {
+		healthy := healthy6
+		if bes[k].Address.Addr.Is4() {
+			healthy = healthy4
+		}
+		if healthy {
+			bes[k].State = loadbalancer.BackendStateMaintenance
 		}
 	}
 	return bes, nil
@@ -476,9 +603,36 @@ func endpointPath(prefix string, locality, endpoint int) string {
 	return fmt.Sprintf("%sendpoints[%d].lb_endpoints[%d]", prefix, locality, endpoint)
 }
 
-// translateLbEndpoint translates one endpoint; the paths of its errors are
-// relative to the endpoint (".endpoint.address...").
-func translateLbEndpoint(lbe *endpointv3.LbEndpoint) (loadbalancer.BackendParams, *fieldError) {
+// translateLbEndpoint translates one endpoint, and says whether it is
+// DEGRADED; the paths of its errors are relative to the endpoint
+// (".endpoint.address...").
+func (t *Translator) translateLbEndpoint(lbe *endpointv3.LbEndpoint) (loadbalancer.BackendParams, bool, *fieldError) {
+	be, fe := t.translateLbEndpointAddress(lbe)
+	if fe != nil {
+		return be, false, fe
+	}
+	if md, ok := lbe.GetMetadata().GetFilterMetadata()[t.cfg.XDSMetadataKey]; ok {
+		path := ".metadata.filter_metadata." + t.cfg.XDSMetadataKey
+		fields := md.GetFields()
+		if fe := checkKeys(fields, path, endpointKeys); fe != nil {
+			return be, false, fe
+		}
+		// The endpoint's zone overrides its locality's.
+		if v, ok := fields["zone"]; ok {
+			if be.Zone, fe = stringValue(v, path+".zone"); fe != nil {
+				return be, false, fe
+			}
+		}
+		if v, ok := fields["nodeName"]; ok {
+			if be.NodeName, fe = stringValue(v, path+".nodeName"); fe != nil {
+				return be, false, fe
+			}
+		}
+	}
+	return be, lbe.GetHealthStatus() == corev3.HealthStatus_DEGRADED, nil
+}
+
+func (t *Translator) translateLbEndpointAddress(lbe *endpointv3.LbEndpoint) (loadbalancer.BackendParams, *fieldError) {
 	var zero loadbalancer.BackendParams
 	if _, named := lbe.GetHostIdentifier().(*endpointv3.LbEndpoint_EndpointName); named {
 		return zero, fieldErrorf(".endpoint_name", "named endpoints are not supported (use endpoint)")

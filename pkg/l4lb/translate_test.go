@@ -31,11 +31,20 @@ func specString(s *ServiceSpec) string {
 	if s.Service.RejectWeight > 0 {
 		fmt.Fprintf(&b, " reject=%d", s.Service.RejectWeight)
 	}
+	if s.Service.Namespace != "" || s.Service.Cluster != "" {
+		fmt.Fprintf(&b, " cluster=%q namespace=%q", s.Service.Cluster, s.Service.Namespace)
+	}
+	if len(s.Service.PortNames) > 0 {
+		fmt.Fprintf(&b, " portNames=%v", s.Service.PortNames)
+	}
 	b.WriteString("\n")
 	for _, fe := range s.Frontends {
 		fmt.Fprintf(&b, "frontend %s %s svc=%s", fe.Address, fe.Type, fe.ServiceName)
 		if fe.ServicePort != 0 {
 			fmt.Fprintf(&b, " target=%d", fe.ServicePort)
+		}
+		if fe.PortName != "" {
+			fmt.Fprintf(&b, " portName=%s", fe.PortName)
 		}
 		b.WriteString("\n")
 	}
@@ -55,6 +64,9 @@ func backendsString(bes []loadbalancer.BackendParams) string {
 		}
 		if be.Zone != "" {
 			fmt.Fprintf(&b, " zone=%s", be.Zone)
+		}
+		if be.NodeName != "" {
+			fmt.Fprintf(&b, " node=%s", be.NodeName)
 		}
 		b.WriteString("\n")
 	}
@@ -95,7 +107,7 @@ func l4lbCluster(meta string) string {
 }
 
 func TestTranslateCluster(t *testing.T) {
-	const known = "(known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout, reject_weight)"
+	const known = "(known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout, reject_weight, service, namespace, cluster, portName)"
 	tests := []struct {
 		name    string
 		cluster string // YAML
@@ -189,6 +201,82 @@ func TestTranslateCluster(t *testing.T) {
 			name:    "reject_weight 0 is none",
 			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, reject_weight: 0}`),
 			want:    "service db source=xds\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+
+		// The keys of the CFP author's prototype.
+		{
+			name:    "the prototype's documented cluster",
+			cluster: l4lbCluster(`{vip: "10.0.20.15", port: 9042, protocol: tcp, service: cassandra}`),
+			want:    "service cassandra source=xds\nfrontend 10.0.20.15:9042/TCP LoadBalancer svc=cassandra\neds db\n",
+		},
+		{
+			name:    "service, namespace and cluster name the service as Cilium does",
+			cluster: l4lbCluster(`{vip: "10.0.0.6", port: 80, protocol: UDP, namespace: override, cluster: edge, service: frontend}`),
+			want:    "service edge/override/frontend source=xds cluster=\"edge\" namespace=\"override\"\nfrontend 10.0.0.6:80/UDP LoadBalancer svc=edge/override/frontend\neds db\n",
+		},
+		{
+			name:    "a namespace alone qualifies the cluster's name",
+			cluster: l4lbCluster(`{vip: "10.0.0.6", port: 80, namespace: platform}`),
+			want:    "service platform/db source=xds cluster=\"\" namespace=\"platform\"\nfrontend 10.0.0.6:80/TCP LoadBalancer svc=platform/db\neds db\n",
+		},
+		{
+			name:    "empty naming keys are the defaults",
+			cluster: l4lbCluster(`{vip: "10.0.0.6", port: 80, service: "", namespace: "", cluster: ""}`),
+			want:    "service db source=xds\nfrontend 10.0.0.6:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "portName names the frontend's port",
+			cluster: l4lbCluster(`{vip: "10.0.0.5", port: 5432, protocol: tcp, service: postgres, portName: sql}`),
+			want:    "service postgres source=xds portNames=map[sql:5432]\nfrontend 10.0.0.5:5432/TCP LoadBalancer svc=postgres portName=sql\neds db\n",
+		},
+		{
+			name:    "portName in frontends: TCP and UDP may share one",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.0.0.53", port: 53, protocol: UDP, portName: dns}, {vip: "10.0.0.53", port: 53, portName: dns}, {vip: "10.0.0.53", port: 853, portName: dot}]}`),
+			want: "service db source=xds portNames=map[dns:53 dot:853]\n" +
+				"frontend 10.0.0.53:53/UDP LoadBalancer svc=db portName=dns\n" +
+				"frontend 10.0.0.53:53/TCP LoadBalancer svc=db portName=dns\n" +
+				"frontend 10.0.0.53:853/TCP LoadBalancer svc=db portName=dot\n" +
+				"eds db\n",
+		},
+		{
+			name:    "numbers given as strings",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3", port: "8080", target_port: "80"}], reject_weight: "30"}`),
+			want:    "service db source=xds reject=30\nfrontend 10.1.2.3:8080/TCP LoadBalancer svc=db target=80\neds db\n",
+		},
+		{
+			name:    "port given as a string",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: "3306"}`),
+			want:    "service db source=xds\nfrontend 10.1.2.3:3306/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "cluster without a namespace",
+			cluster: l4lbCluster(`{vip: "10.0.0.6", port: 80, cluster: edge}`),
+			wantErr: `cluster "db": io.cilium.l4lb.cluster: "edge" needs a namespace (the namespace key or --xds-namespace)`,
+		},
+		{
+			name:    "service with a slash",
+			cluster: l4lbCluster(`{vip: "10.0.0.6", port: 80, service: "a/b"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.service: "a/b" contains a slash or a NUL byte`,
+		},
+		{
+			name:    "namespace not a string",
+			cluster: l4lbCluster(`{vip: "10.0.0.6", port: 80, namespace: 5}`),
+			wantErr: `cluster "db": io.cilium.l4lb.namespace: want a string, got number 5`,
+		},
+		{
+			name:    "portName with frontends",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.0.0.53", port: 53}], portName: dns}`),
+			wantErr: `cluster "db": io.cilium.l4lb.portName: cannot be combined with frontends (give either vip and port, or frontends)`,
+		},
+		{
+			name:    "one portName for two ports",
+			cluster: l4lbCluster(`{frontends: [{vip: "10.0.0.53", port: 53, portName: dns}, {vip: "10.0.0.53", port: 5353, portName: dns}]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[1].portName: "dns" already names port 53 (frontends[0])`,
+		},
+		{
+			name:    "portName not a string",
+			cluster: l4lbCluster(`{vip: "10.0.0.5", port: 5432, portName: 1}`),
+			wantErr: `cluster "db": io.cilium.l4lb.portName: want a string, got number 1`,
 		},
 
 		// Discovery.
@@ -304,8 +392,8 @@ load_assignment:
 		},
 		{
 			name:    "reject_weight not a number",
-			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, reject_weight: "30"}`),
-			wantErr: `cluster "db": io.cilium.l4lb.reject_weight: want a number, got string "30"`,
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, reject_weight: "thirty"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.reject_weight: want a number, got string "thirty"`,
 		},
 		{
 			name:    "reject_weight out of range",
@@ -338,9 +426,19 @@ load_assignment:
 			wantErr: `cluster "db": io.cilium.l4lb.port: 3306.5 is not an integer`,
 		},
 		{
-			name:    "port as a string",
-			cluster: l4lbCluster(`{vip: "10.1.2.3", port: "3306"}`),
-			wantErr: `cluster "db": io.cilium.l4lb.port: want a number, got string "3306"`,
+			name:    "port a word",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: "mysql"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.port: want a number, got string "mysql"`,
+		},
+		{
+			name:    "port a string out of range",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: "70000"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.port: 70000 is out of range 1..65535`,
+		},
+		{
+			name:    "port a string with a sign",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: "+80"}`),
+			wantErr: `cluster "db": io.cilium.l4lb.port: want a number, got string "+80"`,
 		},
 		{
 			name:    "port null",
@@ -394,7 +492,7 @@ load_assignment:
 		{
 			name:    "frontends entry unknown key",
 			cluster: l4lbCluster(`{frontends: [{vip: "10.1.2.3", port: 1, targetPort: 2}]}`),
-			wantErr: `cluster "db": io.cilium.l4lb.frontends[0].targetPort: unknown key (known: vip, port, protocol, target_port)`,
+			wantErr: `cluster "db": io.cilium.l4lb.frontends[0].targetPort: unknown key (known: vip, port, protocol, target_port, portName)`,
 		},
 		{
 			name:    "frontends entry bad protocol",
@@ -596,9 +694,10 @@ func TestTranslateEndpoints(t *testing.T) {
 				ep("10.0.0.5", 80, "health_status: UNHEALTHY"),
 				ep("10.0.0.6", 80, "health_status: TIMEOUT"),
 			),
+			// DEGRADED beside healthy endpoints: Envoy's fallback, not used.
 			want: "backend 10.0.0.1:80 weight=1 active\n" +
 				"backend 10.0.0.2:80 weight=1 active\n" +
-				"backend 10.0.0.3:80 weight=1 active\n" +
+				"backend 10.0.0.3:80 weight=1 maintenance\n" +
 				"backend 10.0.0.4:80 weight=1 terminating\n" +
 				"backend 10.0.0.5:80 weight=1 quarantined\n" +
 				"backend 10.0.0.6:80 weight=1 quarantined\n",
@@ -615,6 +714,68 @@ endpoints:
   lb_endpoints: [` + ep("10.0.0.2", 80, "") + `]
 `,
 			want: "backend 10.0.0.1:80 weight=1 active zone=eu-a\nbackend 10.0.0.2:80 weight=1 active priority=1 zone=eu-b\n",
+		},
+		{
+			name: "endpoint metadata: zone overrides the locality's, nodeName is kept",
+			cla: `
+cluster_name: db
+endpoints:
+- locality: {zone: zone-a}
+  lb_endpoints:
+  - endpoint: {address: {socket_address: {address: 192.168.1.10, port_value: 5432}}}
+    metadata: {filter_metadata: {io.cilium.l4lb: {zone: zone-b, nodeName: node-a}}}
+  - endpoint: {address: {socket_address: {address: 192.168.1.11, port_value: 5433}}}
+    metadata: {filter_metadata: {envoy.lb: {canary: true}}}
+  - endpoint: {address: {socket_address: {address: 192.168.1.12, port_value: 5433}}}
+    metadata: {filter_metadata: {io.cilium.l4lb: {nodeName: node-c}}}
+`,
+			want: "backend 192.168.1.10:5432 weight=1 active zone=zone-b node=node-a\n" +
+				"backend 192.168.1.11:5433 weight=1 active zone=zone-a\n" +
+				"backend 192.168.1.12:5433 weight=1 active zone=zone-a node=node-c\n",
+		},
+		{
+			name:    "endpoint metadata: unknown key",
+			cla:     cla(ep("10.0.0.1", 80, ""), ep("10.0.0.2", 80, "metadata: {filter_metadata: {io.cilium.l4lb: {node: n1}}}")),
+			wantErr: path + `.metadata.filter_metadata.io.cilium.l4lb.node: unknown key (known: zone, nodeName)`,
+		},
+		{
+			name:    "endpoint metadata: zone not a string",
+			cla:     cla(ep("10.0.0.1", 80, ""), ep("10.0.0.2", 80, "metadata: {filter_metadata: {io.cilium.l4lb: {zone: 1}}}")),
+			wantErr: path + `.metadata.filter_metadata.io.cilium.l4lb.zone: want a string, got number 1`,
+		},
+		{
+			name: "DEGRADED takes new flows when no healthy endpoint is left",
+			cla: `
+cluster_name: db
+endpoints:
+- lb_endpoints:
+  - ` + ep("10.0.0.1", 80, "health_status: UNHEALTHY") + `
+  - ` + ep("10.0.0.2", 80, "health_status: DEGRADED") + `
+- priority: 1
+  lb_endpoints:
+  - ` + ep("10.0.0.3", 80, "health_status: DRAINING") + `
+  - ` + ep("10.0.0.4", 80, "health_status: DEGRADED") + `
+`,
+			want: "backend 10.0.0.1:80 weight=1 quarantined\n" +
+				"backend 10.0.0.2:80 weight=1 active\n" +
+				"backend 10.0.0.3:80 weight=1 terminating priority=1\n" +
+				"backend 10.0.0.4:80 weight=1 active priority=1\n",
+		},
+		{
+			name: "DEGRADED is a fallback after the healthy endpoints of every priority",
+			cla: `
+cluster_name: db
+endpoints:
+- lb_endpoints: [` + ep("10.0.0.1", 80, "health_status: DEGRADED") + `]
+- priority: 1
+  lb_endpoints: [` + ep("10.0.0.2", 80, "health_status: HEALTHY") + `]
+`,
+			want: "backend 10.0.0.1:80 weight=1 maintenance\nbackend 10.0.0.2:80 weight=1 active priority=1\n",
+		},
+		{
+			name: "DEGRADED is decided per IP family",
+			cla:  cla(ep("10.0.0.1", 80, ""), ep("10.0.0.2", 80, "health_status: DEGRADED"), ep("2001:db8::2", 80, "health_status: DEGRADED")),
+			want: "backend 10.0.0.1:80 weight=1 active\nbackend 10.0.0.2:80 weight=1 maintenance\nbackend [2001:db8::2]:80 weight=1 active\n",
 		},
 		{
 			name: "IPv6, and the same IP on two ports",
@@ -731,5 +892,80 @@ endpoints:
 				t.Fatalf("got:\n%s\nwant:\n%s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestTranslatorConfig: the metadata key, namespace and cluster of the
+// agent's settings, as the prototype's configuration block sets them.
+func TestTranslatorConfig(t *testing.T) {
+	tr, err := NewTranslator(Config{XDSMetadataKey: "custom", XDSNamespace: "platform", XDSCluster: "prod"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	custom := func(md string) *clusterv3.Cluster {
+		return clusterYAML(t, "name: inventory-write\ntype: EDS\nmetadata: {filter_metadata: {custom: "+md+"}}")
+	}
+	for _, tc := range []struct {
+		name    string
+		cluster *clusterv3.Cluster
+		want    string
+	}{{
+		name:    "io.cilium.l4lb is no longer ours",
+		cluster: clusterYAML(t, l4lbCluster(`{vip: "10.0.20.15", port: 9042}`)),
+		want:    "<not ours>",
+	}, {
+		name:    "the configured namespace and cluster",
+		cluster: custom(`{vip: "10.0.20.15", port: 9042, protocol: tcp, service: cassandra}`),
+		want:    "service prod/platform/cassandra source=xds cluster=\"prod\" namespace=\"platform\"\nfrontend 10.0.20.15:9042/TCP LoadBalancer svc=prod/platform/cassandra\neds inventory-write\n",
+	}, {
+		name:    "the metadata's namespace and cluster win",
+		cluster: custom(`{vip: "10.0.20.15", port: 9042, namespace: db, cluster: edge}`),
+		want:    "service edge/db/inventory-write source=xds cluster=\"edge\" namespace=\"db\"\nfrontend 10.0.20.15:9042/TCP LoadBalancer svc=edge/db/inventory-write\neds inventory-write\n",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec, err := tr.Cluster(tc.cluster)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := specString(spec); got != tc.want {
+				t.Fatalf("got:\n%s\nwant:\n%s", got, tc.want)
+			}
+		})
+	}
+
+	bes, err := tr.Endpoints(claYAML(t, `
+cluster_name: inventory-write
+endpoints:
+- locality: {zone: zone-a}
+  lb_endpoints:
+  - endpoint: {address: {socket_address: {address: 192.168.100.10, port_value: 9042}}}
+    metadata: {filter_metadata: {custom: {zone: zone-b, nodeName: node-a}, io.cilium.l4lb: {ignored: true}}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := backendsString(bes), "backend 192.168.100.10:9042 weight=1 active zone=zone-b node=node-a\n"; got != want {
+		t.Fatalf("endpoints: got %q, want %q", got, want)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{DefaultConfig, ""},
+		{Config{XDSMetadataKey: "k", XDSNamespace: "platform", XDSCluster: "prod"}, ""},
+		{Config{}, "--xds-metadata-key: must not be empty"},
+		{Config{XDSMetadataKey: "k", XDSCluster: "prod"}, `--xds-cluster: "prod" needs a namespace (--xds-namespace)`},
+		{Config{XDSMetadataKey: "k", XDSNamespace: "a/b"}, `--xds-namespace: "a/b" contains a slash or a NUL byte`},
+	} {
+		err := tc.cfg.Validate()
+		if got := fmt.Sprint(err); (tc.want == "" && err != nil) || (tc.want != "" && got != tc.want) {
+			t.Errorf("%+v: error %v, want %q", tc.cfg, err, tc.want)
+		}
+		if _, err := NewTranslator(tc.cfg); (err == nil) != (tc.want == "") {
+			t.Errorf("%+v: NewTranslator error %v", tc.cfg, err)
+		}
 	}
 }

@@ -92,6 +92,8 @@ func (s *Service) TableRow() []string {
 func (s *Service) equal(o *Service) bool {
 	return s.Name == o.Name &&
 		s.Source == o.Source &&
+		s.Namespace == o.Namespace &&
+		s.Cluster == o.Cluster &&
 		s.SessionAffinity == o.SessionAffinity &&
 		s.SessionAffinityTimeout == o.SessionAffinityTimeout &&
 		s.RejectWeight == o.RejectWeight &&

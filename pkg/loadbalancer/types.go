@@ -152,6 +152,10 @@ const SVCTypeLoadBalancer SVCType = "LoadBalancer"
 type Service struct {
 	Name   ServiceName
 	Source Source
+	// Namespace and Cluster, when set, qualify Name as Cilium qualifies its
+	// service names: Name is then "[Cluster/]Namespace/<service>".
+	Namespace string `yaml:"namespace,omitempty"`
+	Cluster   string `yaml:"cluster,omitempty"`
 	// Labels are free-form annotations (e.g. the xDS resource version).
 	Labels map[string]string
 	// SourceRanges, when not empty, are the only client prefixes allowed.
@@ -248,6 +252,9 @@ type BackendParams struct {
 	State    BackendState
 	Zone     string
 	Priority uint32
+	// NodeName is the node the backend runs on, when the control plane
+	// says (endpoint metadata nodeName); informational.
+	NodeName string `yaml:"nodeName,omitempty"`
 }
 
 // Backend is a row of the backends table: one backend of one service from
