@@ -249,12 +249,17 @@ func prepare(f serveFlags, stderr io.Writer) (*server, error) {
 			return nil, err
 		}
 	}
+	if f.leaderElect && !kube {
+		return nil, errors.New("--leader-elect needs --kubeconfig or --in-cluster: the Lease is in the cluster")
+	}
 	var err error
 	if s.election, err = election(f); err != nil {
 		return nil, err
 	}
-	if s.election.Name != "" && !kube {
-		return nil, errors.New("--leader-elect needs --kubeconfig or --in-cluster: the Lease is in the cluster")
+	// gRPC's jitter needs an age of a few nanoseconds at least; less than
+	// a second would only make agents reconnect all the time.
+	if a := f.maxConnectionAge; a < 0 || (a > 0 && a < time.Second) {
+		return nil, fmt.Errorf("--max-connection-age %s: want 0 (never) or 1s or more", a)
 	}
 
 	if f.insecure {
@@ -355,6 +360,9 @@ func (s *server) run(ctx context.Context, lis, hlis net.Listener) error {
 		log.Info("Stopped")
 		return nil
 	case err := <-errs:
+		// The source too hands its Lease over before the process ends.
+		cancel()
+		<-srcDone
 		return err
 	case err := <-srcDone:
 		return err

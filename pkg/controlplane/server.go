@@ -12,6 +12,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -154,9 +155,12 @@ func NewServer(opts Options) *Server {
 	return s
 }
 
-// waitForFirstState holds every stream (all are xDS streams; the health
-// service is unary) until the server has its first state.
+// waitForFirstState holds every xDS stream until the server has its first
+// state. The health service's Watch says NOT_SERVING meanwhile.
 func (s *Server) waitForFirstState(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, "/"+healthpb.Health_ServiceDesc.ServiceName+"/") {
+		return handler(srv, ss)
+	}
 	if !s.Serving() {
 		s.log.Debug("xDS stream waits for the first state", "method", info.FullMethod)
 	}

@@ -5,8 +5,11 @@ package kubesource
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -61,7 +64,7 @@ func (s *Source) elect(ctx context.Context, e Election, changed func()) error {
 		return fmt.Errorf("leader election Lease %s/%s: %w", e.Namespace, e.Name, err)
 	}
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock:          lock,
+		Lock:          &reportingLock{Interface: lock, s: s, lease: e.Namespace + "/" + e.Name},
 		LeaseDuration: d(e.LeaseDuration, DefaultLeaseDuration),
 		RenewDeadline: d(e.RenewDeadline, DefaultRenewDeadline),
 		RetryPeriod:   d(e.RetryPeriod, DefaultRetryPeriod),
@@ -69,7 +72,12 @@ func (s *Source) elect(ctx context.Context, e Election, changed func()) error {
 		ReleaseOnCancel: true,
 		Name:            e.Name,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(context.Context) {
+			OnStartedLeading: func(lctx context.Context) {
+				// client-go runs this in a goroutine: leadership may
+				// already be over.
+				if lctx.Err() != nil {
+					return
+				}
 				s.log.Info("Leading: writing status and Events", "lease", e.Namespace+"/"+e.Name, "identity", e.Identity)
 				s.lead.leading.Store(true)
 				changed()
@@ -94,4 +102,58 @@ func (s *Source) elect(ctx context.Context, e Election, changed func()) error {
 		le.Run(ctx) // returns when leadership is lost or ctx ends
 	}
 	return nil
+}
+
+// reportingLock says in the source's own log why the Lease cannot be read
+// or written (its Role missing, the API server refusing), once per error:
+// client-go's election only logs it in its own format, at every retry,
+// while this replica writes no status.
+type reportingLock struct {
+	resourcelock.Interface
+	s     *Source
+	lease string
+
+	mu   sync.Mutex
+	last string
+}
+
+func (l *reportingLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	r, raw, err := l.Interface.Get(ctx)
+	if !apierrors.IsNotFound(err) { // not there yet: Create follows
+		l.report(err)
+	}
+	return r, raw, err
+}
+
+func (l *reportingLock) Create(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	err := l.Interface.Create(ctx, r)
+	if !apierrors.IsAlreadyExists(err) { // another replica was first
+		l.report(err)
+	}
+	return err
+}
+
+func (l *reportingLock) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	err := l.Interface.Update(ctx, r)
+	if !apierrors.IsConflict(err) { // another replica wrote it meanwhile
+		l.report(err)
+	}
+	return err
+}
+
+func (l *reportingLock) report(err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if msg == l.last {
+		return
+	}
+	l.last = msg
+	if err != nil {
+		l.s.log.Warn("Leader election: the Lease cannot be read or written; no replica may be writing status",
+			"lease", l.lease, "error", err)
+	}
 }

@@ -363,7 +363,11 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 		cm, err := cms.Core().V1().ConfigMaps().Lister().ConfigMaps(cmNS).Get(cmName)
 		if err != nil {
-			return out, nil // no ConfigMap: no more pools
+			// No ConfigMap: no more pools, a good state. One created
+			// with an error later keeps it: every replica reads the same
+			// ConfigMap, and none must turn not ready for it.
+			goodCMPools, goodCM, lastPoolErr = nil, true, ""
+			return out, nil
 		}
 		more, perr := PoolsFromConfigMap(cm.Data)
 		if perr == nil {

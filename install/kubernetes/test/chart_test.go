@@ -506,7 +506,7 @@ controlPlane:
 				wantArgs := []string{
 					"--in-cluster", "--load-balancer-class=l4xds.io/l4lb", "--gateway-controller-name=l4xds.io/gateway-controller",
 					"--backend-mode=node-port", "--address-pool=lan=192.0.2.10-192.0.2.50,192.0.2.60/30", "--address-pool=v6=2001:db8:1::/120",
-					"--address-pools-configmap=kube-system/l4xds-pools", "--leader-elect", "--max-connection-age=30m",
+					"--address-pools-configmap=kube-system/l4xds-pools", "--leader-elect", "--leader-elect-lease=kube-system/l4xds-control-plane", "--max-connection-age=30m",
 					"--listen=:9000", "--health-listen=:9001", "--log-level=info", "--insecure",
 				}
 				if args := serveArgs(t, pod.Containers[0]); !slices.Equal(args, wantArgs) {
