@@ -6,9 +6,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -51,23 +49,7 @@ func TestChaosFaultSchedules(t *testing.T) {
 // (CHAOS_SEED, else the time).
 func settings(t *testing.T, def time.Duration) (time.Duration, uint64) {
 	t.Helper()
-	duration := def
-	if s := os.Getenv("CHAOS_DURATION"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d < 10*time.Second {
-			t.Fatalf("CHAOS_DURATION=%q: want a duration of 10s or more (%v)", s, err)
-		}
-		duration = d
-	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CHAOS_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("CHAOS_SEED=%q: want an unsigned integer: %v", s, err)
-		}
-		seed = v
-	}
-	return duration, seed
+	return netns.RunSettings(t, "CHAOS", def, 10*time.Second)
 }
 
 // runSchedule starts the servers with their first states and the agent

@@ -8,9 +8,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -50,22 +48,7 @@ const (
 // are as in the first quarter of the run. Every figure is printed as a
 // SOAK line; SOAK_SEED replays the same churn.
 func TestPrivilegedSoak(t *testing.T) {
-	duration := defaultDuration
-	if s := os.Getenv("SOAK_DURATION"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d < 20*time.Second {
-			t.Fatalf("SOAK_DURATION=%q: want a duration of 20s or more (%v)", s, err)
-		}
-		duration = d
-	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("SOAK_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("SOAK_SEED=%q: want an unsigned integer: %v", s, err)
-		}
-		seed = v
-	}
+	duration, seed := netns.RunSettings(t, "SOAK", defaultDuration, 20*time.Second)
 	w := newWorld()
 	e := newEnv(t, w.services)
 	report(t, "seed=%d duration=%s (SOAK_SEED=%d replays this churn)", seed, duration, seed)
