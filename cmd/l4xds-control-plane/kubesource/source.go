@@ -79,13 +79,24 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("in-cluster Kubernetes configuration (give --kubeconfig outside a cluster): %w", err)
 		}
-		return cfg, nil
+		return withRate(cfg), nil
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
 	}
-	return cfg, nil
+	return withRate(cfg), nil
+}
+
+// withRate raises client-go's default of 5 requests a second (burst 10):
+// a round writes the status of every object whose status changed, and
+// after an install or a pool change that is every Service; at 5 a second
+// 500 of them take 100 s, and the next publish waits for them.
+func withRate(cfg *rest.Config) *rest.Config {
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = 50, 100
+	}
+	return cfg
 }
 
 // New makes the clients of the API server of cfg; it does not contact it.
@@ -455,6 +466,9 @@ func (s *Source) writeStatus(ctx context.Context, st State, out Outcome) {
 		}
 		upd := svc.DeepCopy()
 		upd.Status = so.Status
+		if !s.lead.writes() {
+			return // leadership lost mid-round: the new leader writes
+		}
 		if _, err := s.kube.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
 			s.statusError("Service", k, err)
 			continue
@@ -487,6 +501,9 @@ func (s *Source) writeGatewayStatus(ctx context.Context, st GatewayState, out Ga
 		}
 		upd := gc.DeepCopy()
 		upd.Status = want
+		if !s.lead.writes() {
+			return // leadership lost mid-round: the new leader writes
+		}
 		if _, err := g.GatewayClasses().UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
 			s.statusError("GatewayClass", types.NamespacedName{Name: gc.Name}, err)
 		}
@@ -499,6 +516,9 @@ func (s *Source) writeGatewayStatus(ctx context.Context, st GatewayState, out Ga
 		}
 		upd := gw.DeepCopy()
 		upd.Status = want
+		if !s.lead.writes() {
+			return // leadership lost mid-round: the new leader writes
+		}
 		if _, err := g.Gateways(gw.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
 			s.statusError("Gateway", k, err)
 			continue
@@ -519,6 +539,9 @@ func (s *Source) writeGatewayStatus(ctx context.Context, st GatewayState, out Ga
 		}
 		upd := r.DeepCopy()
 		upd.Status.Parents = parents
+		if !s.lead.writes() {
+			return // leadership lost mid-round: the new leader writes
+		}
 		if _, err := g.TCPRoutes(r.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
 			s.statusError("TCPRoute", k, err)
 		}
@@ -535,6 +558,9 @@ func (s *Source) writeGatewayStatus(ctx context.Context, st GatewayState, out Ga
 		}
 		upd := r.DeepCopy()
 		upd.Status.Parents = parents
+		if !s.lead.writes() {
+			return // leadership lost mid-round: the new leader writes
+		}
 		if _, err := g.UDPRoutes(r.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
 			s.statusError("UDPRoute", k, err)
 		}
