@@ -555,7 +555,6 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 			if r.err != nil {
 				return noResponse.explain(streamError(srv, r.err))
 			}
-			noResponse.stop()
 			b.Reset()
 			c.busy("handling a " + ShortTypeName(r.resp.typeURL) + " response of " + srv.address)
 			if err := c.handleResponse(ctx, st, r.resp); err != nil {
