@@ -50,14 +50,7 @@ func TestLeaseForbiddenIsLogged(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	deadline := time.After(10 * time.Second)
-	for !strings.Contains(out.String(), "lb/l4xds-control-plane") {
-		select {
-		case <-deadline:
-			t.Fatalf("the Lease's error is not in the source's log at warning or above; log:\n%s", out.String())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	out.waitFor(t, "lb/l4xds-control-plane", 10*time.Second, "the Lease's error is not in the source's log at warning or above")
 }
 
 type syncBuffer struct {
@@ -75,4 +68,17 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// waitFor waits until the log holds want, failing with why after timeout.
+func (b *syncBuffer) waitFor(t *testing.T, want string, timeout time.Duration, why string) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for !strings.Contains(b.String(), want) {
+		select {
+		case <-deadline:
+			t.Fatalf("%s; log:\n%s", why, b.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

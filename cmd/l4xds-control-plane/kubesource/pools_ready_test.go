@@ -5,7 +5,6 @@ package kubesource
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -66,13 +65,7 @@ func TestBadPoolsConfigMapLaterKeepsReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.After(30 * time.Second)
-	for !strings.Contains(out.String(), "Address pools not applied") {
-		select {
-		case <-deadline:
-			t.Fatalf("the ConfigMap's error is not logged; log:\n%s", out.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	out.waitFor(t, "Address pools not applied", 30*time.Second, "the ConfigMap's error is not logged")
 	// The round that logged it ends with its report: of two publishes
 	// after it, the second is of a later round.
 	for len(synced) > 0 {
