@@ -204,23 +204,9 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 			return VERDICT_CONTINUE;
 	}
 
-	if (svc_flags & LB_SVC_F_SOURCE_RANGES) {
-		struct lb_src_range_key key = {
-			.prefixlen = 32 + 32 + 128,
-			.svc_id = svc_id,
-		};
-
-		if (p->v6) {
-			key.family = LB_FAMILY_IPV6;
-			__builtin_memcpy(key.addr, p->saddr, 16);
-		} else {
-			key.family = LB_FAMILY_IPV4;
-			key.addr[0] = p->saddr[3];
-		}
-		if (!bpf_map_lookup_elem(&l4xds_srcrange, &key)) {
-			count_drop(svc_id, LB_DROP_SOURCE_RANGE);
-			return TCX_DROP;
-		}
+	if (!source_allowed(svc_id, svc_flags, p->v6, p->saddr)) {
+		count_drop(svc_id, LB_DROP_SOURCE_RANGE);
+		return TCX_DROP;
 	}
 
 	if (be && e) {
