@@ -9,7 +9,8 @@
  *   1. a backend's reply (CT_REPLY hit): source restored to the VIP;
  *   2. to a VIP:port/proto we serve: source ranges, then the flow's
  *      backend from conntrack, or a new one (affinity, then Maglev);
- *      no usable backend: TCP RST / ICMP port unreachable;
+ *      no usable backend: TCP RST / ICMP port unreachable, within
+ *      the reject limit (l4xds_reject_bucket), else dropped;
  *   3. to a VIP on a port we do not serve: dropped and counted;
  *   4. anything else: passed.
  * Whatever else is addressed to a VIP, or to one removed within its grace
@@ -257,10 +258,8 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 		goto rewrite;
 	}
 
-	if (!svc_count) {
-		count_drop(svc_id, LB_DROP_NO_BACKEND);
-		return VERDICT_REJECT;
-	}
+	if (!svc_count)
+		return refuse(p, svc_id, now);
 
 	be = NULL;
 	if (svc_flags & LB_SVC_F_AFFINITY)
@@ -285,10 +284,8 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 		backend_id = *id;
 		/* Backend 0 is never a backend: its slots are the service's
 		 * share of new flows to refuse (reject_weight). */
-		if (!backend_id) {
-			count_drop(svc_id, LB_DROP_NO_BACKEND);
-			return VERDICT_REJECT;
-		}
+		if (!backend_id)
+			return refuse(p, svc_id, now);
 	}
 	if (!be) {
 		be = bpf_map_lookup_elem(&l4xds_backends, &backend_id);
