@@ -190,10 +190,9 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			struct ipv6_jumbo_hdr *jh;
 			__u32 len;
 
+			/* Not one: an extension header, as any other. */
 			jh = skb_header(skb, ETH_HLEN + sizeof(*ip6), sizeof(*jh));
-			if (!jh)
-				return PARSE_PASS;
-			len = big_tcp_len(skb, jh->nexthdr, sizeof(*ip6));
+			len = jh ? big_tcp_len(skb, jh->nexthdr, sizeof(*ip6)) : 0;
 			if (len && jh->hdrlen == 0 &&
 			    jh->tlv_type == IPV6_TLV_JUMBO && jh->tlv_len == 4 &&
 			    bpf_ntohl(jh->jumbo_payload_len) == len &&

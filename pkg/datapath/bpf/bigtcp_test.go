@@ -147,6 +147,7 @@ func TestBigTCP(t *testing.T) {
 			binary.BigEndian.PutUint32(f[14+40+4:], uint32(len(f)-14-40+8))
 			return f
 		}(), gso: true, verdict: verdictDrop},
+		{name: "IPv6 Hop-by-Hop header cut short", in: withJumbo(data6.frame())[:14+40+4], gso: true, verdict: verdictDrop},
 	}
 
 	d := newDatapath(t)
@@ -187,7 +188,7 @@ func TestBigTCP(t *testing.T) {
 	wantStats(t, d, 2, 0, 0, nil)
 	// Headers it cannot read: the ports are not known, no service is
 	// charged.
-	wantStats(t, d, 0, 0, 0, map[int]uint64{dropMalformed: 3, dropExtension: 2})
+	wantStats(t, d, 0, 0, 0, map[int]uint64{dropMalformed: 3, dropExtension: 3})
 }
 
 // firstDifference is the offset of the first byte where a and b differ,
