@@ -168,7 +168,8 @@ waits; an empty answer would make it remove everything it serves. Plaintext
 HTTP on --health-listen answers /healthz (the process runs), /readyz (200
 once the first complete state is served; 503 with the reasons otherwise, such
 as an API server that does not answer) and /metrics (Prometheus: connected
-nodes, each node's ACKs, NACKs and ACKed version per type, readiness).`,
+nodes, each node's ACKs, NACKs and ACKed version per type, the time from a
+change to each node's ACK of it per type, readiness).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := prepare(f, stderr)
