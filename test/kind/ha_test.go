@@ -76,6 +76,44 @@ func (c *cluster) controlPlaneHA(t *testing.T, gameVIP string) {
 		c.kubectl(t, "-n", ns, "rollout", "restart", "deploy/l4xds-control-plane")
 	})
 	fault("API server restarted", func(t *testing.T) { c.restartAPIServer(t) })
+	t.Run("ACK latency", func(t *testing.T) { c.ackLatency(t) })
+}
+
+// ackLatency reads l4xds_control_plane_ack_latency_seconds of both
+// replicas (through the API server's pod proxy) and logs it: the changes
+// of the faults above (the Services created and deleted) reached the
+// agents connected to one of them, so some were counted.
+func (c *cluster) ackLatency(t *testing.T) {
+	const name = "l4xds_control_plane_ack_latency_seconds"
+	counts, sums := map[string]float64{}, map[string]float64{}
+	for _, p := range c.controlPlanePods(t) {
+		out := c.kubectl(t, "get", "--raw", "/api/v1/namespaces/"+ns+"/pods/"+p+":9001/proxy/metrics")
+		for line := range strings.Lines(out) {
+			var series string
+			var v float64
+			if _, err := fmt.Sscanf(line, "%s %g", &series, &v); err != nil {
+				continue
+			}
+			_, typ, _ := strings.Cut(series, `type="type.googleapis.com/`)
+			typ, _, _ = strings.Cut(typ, `"`)
+			switch {
+			case strings.HasPrefix(series, name+"_count{"):
+				counts[typ] += v
+			case strings.HasPrefix(series, name+"_sum{"):
+				sums[typ] += v
+			}
+		}
+	}
+	total := 0.0
+	for typ, n := range counts {
+		total += n
+		if n > 0 {
+			t.Logf("%s{type=%s}: %g ACKs of changes, mean %.3fs", name, typ, n, sums[typ]/n)
+		}
+	}
+	if total == 0 {
+		t.Errorf("no ACK of a change counted by either replica: %v", counts)
+	}
 }
 
 // controlPlanePods are the names of the control plane's pods that are not
