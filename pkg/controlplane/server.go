@@ -282,10 +282,10 @@ func (s *Server) Set(res Resources) error {
 		if len(toUpdate) == 0 && len(toDelete) == 0 {
 			continue
 		}
-		version := s.caches.updated(typeURL)
-		err := caches[typeURL].UpdateResources(toUpdate, toDelete)
-		s.cb.published.publish(typeURL, version, time.Now())
-		if err != nil {
+		// Noted before the cache answers its watches: an ACK may come
+		// back before UpdateResources returns.
+		s.cb.published.publish(typeURL, s.caches.updated(typeURL), time.Now())
+		if err := caches[typeURL].UpdateResources(toUpdate, toDelete); err != nil {
 			// The cache holds the new state; only notifying some watches
 			// failed.
 			errs = append(errs, fmt.Errorf("updating %s: %w", typeURL, err))
