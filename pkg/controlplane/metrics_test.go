@@ -105,7 +105,8 @@ func TestServerMetrics(t *testing.T) {
 }
 
 // A Delta ACK names only the nonce: the version is the one of the response
-// it answers. A node's series go with its last stream.
+// it answers, for the ACKed version and the ACK latency alike. A node's
+// series go with its last stream.
 func TestServerMetricsDelta(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	env := startServerWith(t, Options{Registerer: reg})
@@ -131,6 +132,15 @@ func TestServerMetricsDelta(t *testing.T) {
 		"l4xds_control_plane_acks_total{" + cds + "}":                                                1,
 		"l4xds_control_plane_acked_version{" + cds + ",version=" + resp.GetSystemVersionInfo() + "}": 1,
 	})
+	// A change ACKed (by nonce): one ACK latency sample.
+	if err := env.srv.Set(withVIP(t, cfpResources(t), "10.1.2.4")); err != nil {
+		t.Fatal(err)
+	}
+	c.recv() // and ACK
+	waitForMetrics(t, reg, map[string]float64{"l4xds_control_plane_acks_total{" + cds + "}": 2})
+	if n := histogram(t, reg, "l4xds_control_plane_ack_latency_seconds", resource.ClusterType); n != 1 {
+		t.Fatalf("a Delta change ACKed: %d ACK latency samples, want 1", n)
+	}
 	cancel()
 	deadline := time.Now().Add(testTimeout)
 	for {
