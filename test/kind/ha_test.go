@@ -43,6 +43,16 @@ func (c *cluster) controlPlaneHA(t *testing.T, gameVIP string) {
 			// A new address written after the fault: some replica leads.
 			c.statusWritten(t, fmt.Sprintf("ha-%d", round))
 			expectNoFailures(t, name, tr)
+			if t.Failed() {
+				// The pods may be replaced by the next fault: their logs now.
+				for _, args := range [][]string{
+					{"-n", ns, "logs", "-l", "app.kubernetes.io/component=agent", "--tail", "40", "--prefix"},
+					{"-n", ns, "logs", "-l", controlPlaneLabel, "--tail", "40", "--prefix"},
+				} {
+					out, _ := c.run("kubectl", args...)
+					t.Logf("kubectl %s\n%s", strings.Join(args, " "), out)
+				}
+			}
 			if got := c.gatewayAddress(t); got != gatewayAddr {
 				t.Errorf("the Gateway's address changed from %s to %s", gatewayAddr, got)
 			}

@@ -431,8 +431,19 @@ func (c *cluster) startTrafficTo(t *testing.T, targets []target, via ...node) *t
 				r, err := c.probe(p.vip, p.proto, 100)
 				tr.add(&r, err)
 				if err == nil && r.failed() > 0 {
+					// By kind: refused or unreachable is a datapath
+					// without the service's backends, a timeout a flow
+					// lost or a starved machine.
+					where := fmt.Sprintf("%s %s via %s", p.proto, p.vip, n.name)
 					tr.mu.Lock()
-					tr.fails[fmt.Sprintf("%s %s via %s", p.proto, p.vip, n.name)] += r.failed()
+					counted := 0
+					for kind, k := range r.Errors {
+						tr.fails[where+": "+kind] += k
+						counted += k
+					}
+					if rest := r.failed() - counted; rest > 0 {
+						tr.fails[where] += rest
+					}
 					tr.mu.Unlock()
 				}
 			}
