@@ -258,7 +258,7 @@ func (kc *kubeChaos) burst() {
 			kc.write(randomState(kc.rnd, kc.nextID))
 		}
 	case 3:
-		kc.restartCP(kc.rnd.IntN(len(kc.e.servers)), false)
+		kc.restartCP(kc.rnd.IntN(len(kc.e.servers)), true)
 		if kc.rnd.IntN(2) == 0 {
 			kc.write(randomState(kc.rnd, kc.nextID))
 		}
