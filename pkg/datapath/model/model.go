@@ -397,7 +397,7 @@ func (d *Datapath) forward(p *packet, out []byte, svcID uint32, to netip.AddrPor
 		if !dnat {
 			dir = Reply
 		}
-		d.State.Frags[FragKey{Src: p.src, Dst: p.dst, ID: p.fragID, Proto: p.proto, Dir: dir}] = Frag{Addr: addr16(to.Addr()), ServiceID: svcID}
+		d.State.Frags[FragKey{Src: p.src, Dst: p.dst, ID: p.fragID, Proto: p.proto, Dir: dir, IPv6: p.v6}] = Frag{Addr: addr16(to.Addr()), ServiceID: svcID}
 	}
 	d.State.countPacket(svcID, len(p.frame))
 	return Result{Pass, out, rule + fmt.Sprintf(", to %s", to)}
@@ -407,7 +407,7 @@ func (d *Datapath) forward(p *packet, out []byte, svcID uint32, to netip.AddrPor
 // address; its L4 checksum is in the first fragment). With no first
 // fragment seen, a fragment to a VIP cannot be sent anywhere.
 func (d *Datapath) laterFragment(p *packet, out []byte, now uint64) Result {
-	k := FragKey{Src: p.src, Dst: p.dst, ID: p.fragID, Proto: p.proto, Dir: Forward}
+	k := FragKey{Src: p.src, Dst: p.dst, ID: p.fragID, Proto: p.proto, Dir: Forward, IPv6: p.v6}
 	f, ok := d.State.Frags[k]
 	if !ok {
 		k.Dir = Reply

@@ -91,6 +91,8 @@ type FragKey struct {
 	ID    uint32
 	Proto uint8
 	Dir   Direction
+	// IPv6 is the datagram's family: the ID's width.
+	IPv6 bool
 }
 
 // Frag is the translation of a datagram's first fragment, for the later
