@@ -34,9 +34,7 @@ func FuzzDatapath(f *testing.F) {
 	if os.Geteuid() != 0 {
 		f.Skip("needs root: loads the BPF program and runs packets through it with BPF_PROG_RUN")
 	}
-	for _, s := range fuzzSeeds() {
-		f.Add(s.bytes())
-	}
+	// The seeds are in testdata/fuzz/FuzzDatapath (fuzzSeeds).
 	cfg := testConfig(netns.MountBPFFS(f))
 	// Small maps: every run starts from empty ones.
 	cfg.LBMaglevTableSize = fzMaglevSize
