@@ -151,12 +151,27 @@ func fzRemovedVIPs(t *testing.T, dp *Datapath) map[netip.Addr]uint64 {
 func fzSeed(t *testing.T, dp *Datapath, m *model.Datapath, s *scenario, ids map[int]uint32, backends []BackendEntry) {
 	now := fzKtime(t)
 	ago := func(d int64) uint64 { return now - min(uint64(d), now) }
+	// The backend at index i: mostly one of the frontend's own (what a
+	// flow or affinity names but for a change of the table since), else
+	// any.
+	backend := func(fe, i int) BackendEntry {
+		var own []BackendEntry
+		for _, b := range backends {
+			if b.ServiceID == ids[fe] {
+				own = append(own, b)
+			}
+		}
+		if i < 6 && len(own) > 0 {
+			return own[i%len(own)]
+		}
+		return backends[i%len(backends)]
+	}
 	for _, f := range s.flows {
 		if len(backends) == 0 {
 			break
 		}
 		fe := s.frontends[f.frontend].Address
-		b := backends[f.backend%len(backends)]
+		b := backend(f.frontend, f.backend)
 		vip := netip.AddrPortFrom(a16(fe.Addr), fe.Port)
 		client := netip.AddrPortFrom(a16(f.client.Addr()), f.client.Port())
 		proto := fzProto(fe.Protocol)
@@ -186,7 +201,7 @@ func fzSeed(t *testing.T, dp *Datapath, m *model.Datapath, s *scenario, ids map[
 			break
 		}
 		k := model.AffinityKey{Client: a16(a.client), ServiceID: ids[a.frontend]}
-		v := model.Affinity{LastUsed: ago(int64(a.age)), BackendID: backends[a.backend%len(backends)].ID}
+		v := model.Affinity{LastUsed: ago(int64(a.age)), BackendID: backend(a.frontend, a.backend).ID}
 		key := bpf.L4xdsLbAffinityKey{Client: addrToBPF(k.Client), SvcId: k.ServiceID}
 		val := bpf.L4xdsLbAffinity{LastUsed: v.LastUsed, BackendId: v.BackendID}
 		if err := dp.objs.L4xdsAffinity.Put(&key, &val); err != nil {

@@ -147,7 +147,8 @@ type scenario struct {
 }
 
 // seedFlow is a conntrack entry there before the packets, both its
-// directions: of a frontend, to the backend of the map at an index.
+// directions: of a frontend, to a backend (below 6 an index among the
+// frontend's, else among all).
 type seedFlow struct {
 	frontend    int
 	client      netip.AddrPort
