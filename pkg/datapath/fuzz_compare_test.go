@@ -10,9 +10,11 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
 	"github.com/l4xds/l4xds/pkg/datapath/model"
@@ -56,6 +58,22 @@ func fzReset(t *testing.T, dp *Datapath) {
 			t.Fatal(err)
 		}
 	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.objs.L4xdsRejectBucket.Put(uint32(0), make([]bpf.L4xdsLbRejectBucket, cpus)); err != nil {
+		t.Fatalf("empty %s: %v", bpf.L4xdsMapL4xdsRejectBucket, err)
+	}
+}
+
+// fzRejectTAT is the reject limit's bucket of a CPU.
+func fzRejectTAT(t *testing.T, dp *Datapath, cpu int) uint64 {
+	var b []bpf.L4xdsLbRejectBucket
+	if err := dp.objs.L4xdsRejectBucket.Lookup(uint32(0), &b); err != nil {
+		t.Fatalf("%s: %v", bpf.L4xdsMapL4xdsRejectBucket, err)
+	}
+	return b[cpu].Tat
 }
 
 func fzBackends(t *testing.T, dp *Datapath) []BackendEntry {
@@ -247,8 +265,20 @@ func fzCTEntryFromBPF(e bpf.L4xdsLbCtEntry) model.Flow {
 }
 
 // fzProgRun runs the program once.
-func fzProgRun(t *testing.T, dp *Datapath, frame []byte) (int32, []byte) {
+func fzProgRun(t *testing.T, dp *Datapath, frame []byte, gsoSize uint32) (int32, []byte) {
 	opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256)}
+	if gsoSize != 0 {
+		// A GSO packet: the fields of struct __sk_buff that
+		// BPF_PROG_RUN takes from its context.
+		l, err := fzSKBLayout()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := make([]byte, l.size)
+		binary.NativeEndian.PutUint32(ctx[l.gsoSize:], gsoSize)
+		binary.NativeEndian.PutUint32(ctx[l.gsoSegs:], uint32(len(frame)/int(gsoSize)+1))
+		opts.Context = ctx
+	}
 	ret, err := dp.objs.L4xdsIngress.Run(&opts)
 	if err != nil {
 		t.Fatalf("BPF_PROG_RUN of %d bytes: %v\n%s", len(frame), err, fzHex(frame))
@@ -283,6 +313,32 @@ func fzReadFrags(t *testing.T, dp *Datapath) map[bpf.L4xdsLbFragKey]model.Frag {
 	}
 	return out
 }
+
+// fzSKBLayout is where struct __sk_buff holds the GSO fields, from the
+// program's BTF.
+var fzSKBLayout = sync.OnceValues(func() (l struct{ size, gsoSize, gsoSegs uint32 }, err error) {
+	spec, err := bpf.LoadL4xds()
+	if err != nil {
+		return l, err
+	}
+	var s *btf.Struct
+	if err := spec.Types.TypeByName("__sk_buff", &s); err != nil {
+		return l, err
+	}
+	l.size = s.Size
+	for _, m := range s.Members {
+		switch m.Name {
+		case "gso_size":
+			l.gsoSize = m.Offset.Bytes()
+		case "gso_segs":
+			l.gsoSegs = m.Offset.Bytes()
+		}
+	}
+	if l.gsoSize == 0 || l.gsoSegs == 0 {
+		return l, errors.New("__sk_buff has no gso_size or gso_segs in the program's BTF")
+	}
+	return l, nil
+})
 
 // fzReadState reads the maps back as the model's state (but for
 // fragments: fzReadFrags).
@@ -373,7 +429,7 @@ type fzWindow struct{ now, after uint64 }
 
 // fzDiffState compares the model's state with the maps'. A time the
 // program wrote while it ran a packet is that packet's now in the model.
-func fzDiffState(want, got *model.State, gotFrags map[bpf.L4xdsLbFragKey]model.Frag, runs []fzWindow) []string {
+func fzDiffState(want, got *model.State, gotFrags map[bpf.L4xdsLbFragKey]model.Frag, runs []fzWindow, limit model.RejectLimit) []string {
 	norm := func(ts uint64) uint64 {
 		for _, w := range runs {
 			if ts >= w.now && ts <= w.after {
@@ -383,6 +439,17 @@ func fzDiffState(want, got *model.State, gotFrags map[bpf.L4xdsLbFragKey]model.F
 		return ts
 	}
 	var diffs []string
+	// The bucket's time is that of a reject, some intervals on.
+	tat := got.RejectTAT
+	for k := uint64(1); k <= 8 && tat > k*limit.Interval; k++ {
+		if n := norm(tat - k*limit.Interval); n != tat-k*limit.Interval {
+			tat = n + k*limit.Interval
+			break
+		}
+	}
+	if tat != want.RejectTAT {
+		diffs = append(diffs, fmt.Sprintf("l4xds_reject_bucket: program tat %d, model %d", tat, want.RejectTAT))
+	}
 	for _, c := range []struct {
 		name      string
 		want, got map[model.FlowKey]model.Flow

@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/statedb"
+	"golang.org/x/sys/unix"
 
 	"github.com/l4xds/l4xds/pkg/datapath/model"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
@@ -41,13 +43,22 @@ func FuzzDatapath(f *testing.F) {
 	cfg.LBServiceMapMax = 64
 	cfg.LBBackendMapMax = 1024
 	cfg.LBConntrackMax, cfg.LBConntrackNewMax, cfg.LBAffinityMax = MinFlowMapMax, MinFlowMapMax, MinFlowMapMax
+	// A reject limit of a few rejects a run (a CPU's share of 4, then one
+	// every few seconds): the limit's drops and its refill, never its
+	// timing, decide.
+	cfg.LBRejectRate, cfg.LBRejectBurst = 1, 4
+	cpus, err := onlineCPUs()
+	if err != nil {
+		f.Fatal(err)
+	}
+	interval, burst := rejectLimit(cfg.LBRejectRate, cfg.LBRejectBurst, cpus)
 	dp, err := Load(slog.New(slog.DiscardHandler), cfg)
 	if err != nil {
 		f.Fatalf("load: %v", err)
 	}
 	f.Cleanup(func() { dp.Close() })
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fzRun(t, dp, decodeScenario(data))
+		fzRun(t, &fzDatapath{Datapath: dp, limit: model.RejectLimit{Interval: interval, Burst: burst}}, decodeScenario(data))
 	})
 }
 
@@ -168,8 +179,9 @@ type seedAffinity struct {
 
 // fzPacket is one packet of the sequence, and how it is mangled.
 type fzPacket struct {
-	desc  string
-	frame []byte
+	desc    string
+	frame   []byte
+	gsoSize uint32
 }
 
 func decodeScenario(data []byte) *scenario {
@@ -381,7 +393,7 @@ func decodePacket(in *fzInput, s *scenario, firstFrags *[]fzIP) fzPacket {
 	}
 	if m&2 != 0 {
 		if ip.v6 {
-			ip.ext = []uint8{0, 60, 43, 51}[in.pick(4)]
+			ip.ext = []uint8{0, 60, 43, 51, fzJumbo}[in.pick(5)]
 			desc += fmt.Sprintf(", extension header %d", ip.ext)
 		} else {
 			ip.options = []byte{1, 1, 1, 0}
@@ -406,18 +418,26 @@ func decodePacket(in *fzInput, s *scenario, firstFrags *[]fzIP) fzPacket {
 		frame[len(frame)-1] ^= 0x5a
 		desc += ", bad checksum"
 	}
-	frame, desc = mangleLengths(in, m, ip.v6, frame, desc)
-	return fzPacket{desc: desc, frame: frame}
+	var gso uint32
+	frame, desc, gso = mangleLengths(in, m, ip.v6, frame, desc)
+	return fzPacket{desc: desc, frame: frame, gsoSize: gso}
 }
 
-// mangleLengths sets a bad IP length (0 as BIG TCP's, too short, too
-// long) or truncates the frame.
-func mangleLengths(in *fzInput, m byte, v6 bool, frame []byte, desc string) ([]byte, string) {
+// mangleLengths sets a bad IP length (too short, too long, 0) or
+// truncates the frame, or makes a GSO packet of it (BIG TCP: its IP length
+// field 0).
+func mangleLengths(in *fzInput, m byte, v6 bool, frame []byte, desc string) ([]byte, string, uint32) {
+	off := 14 + 2
+	if v6 {
+		off = 14 + 4
+	}
+	var gso uint32
+	if m&128 != 0 {
+		gso = 1448
+		frame[off], frame[off+1] = 0, 0
+		desc += ", GSO, IP length field 0"
+	}
 	if m&32 != 0 {
-		off := 14 + 2
-		if v6 {
-			off = 14 + 4
-		}
 		if len(frame) >= off+2 {
 			n := []int{0, 1, 20, 0xffff, len(frame) - 14 - 1, 48}[in.pick(6)]
 			frame[off], frame[off+1] = byte(n>>8), byte(n)
@@ -437,7 +457,7 @@ func mangleLengths(in *fzInput, m byte, v6 bool, frame []byte, desc string) ([]b
 			desc += fmt.Sprintf(", cut to %d bytes", n)
 		}
 	}
-	return frame, desc
+	return frame, desc, gso
 }
 
 // decodeICMP makes an ICMP or ICMPv6 message: an error quoting a packet of
@@ -504,8 +524,8 @@ func decodeICMP(in *fzInput, kind int, vip, b, client netip.AddrPort, l4 fzL4) f
 		frame[len(frame)-1] ^= 0x5a
 		desc += ", bad checksum"
 	}
-	frame, desc = mangleLengths(in, m, outer.v6, frame, desc)
-	return fzPacket{desc: fmt.Sprintf("%s (type %d code %d)", desc, typ, code), frame: frame}
+	frame, desc, gso := mangleLengths(in, m, outer.v6, frame, desc)
+	return fzPacket{desc: fmt.Sprintf("%s (type %d code %d)", desc, typ, code), frame: frame, gsoSize: gso}
 }
 
 func (s *scenario) String() string {
@@ -546,7 +566,10 @@ func (s *scenario) String() string {
 }
 
 // fzRun writes the scenario's table and state, then runs its packets.
-func fzRun(t *testing.T, dp *Datapath, s *scenario) {
+func fzRun(t *testing.T, fd *fzDatapath, s *scenario) {
+	dp := fd.Datapath
+	// The reject limit's bucket is per CPU: the packets run on one.
+	cpu := fzPinCPU(t)
 	fzReset(t, dp)
 	o, db := fzOps(t, dp)
 	ids := map[int]uint32{}
@@ -556,7 +579,7 @@ func fzRun(t *testing.T, dp *Datapath, s *scenario) {
 		}
 		ids[i] = o.reg.services[fe.Address].id
 	}
-	m := &model.Datapath{Table: &model.Table{}, State: model.NewState()}
+	m := &model.Datapath{Table: &model.Table{}, State: model.NewState(), RejectLimit: fd.limit}
 	backends := fzBackends(t, dp)
 	m.Table.Services = fzModelServices(t, dp, s, ids)
 	for i, fe := range s.frontends {
@@ -584,15 +607,16 @@ func fzRun(t *testing.T, dp *Datapath, s *scenario) {
 	var runs []fzWindow
 	for i, pkt := range s.packets {
 		now := fzKtime(t)
-		want := m.Process(pkt.frame, now)
+		want := m.Process(model.Packet{Frame: pkt.frame, GSOSize: pkt.gsoSize}, now)
 		if fzRuleHook != nil {
 			fzRuleHook(want.Verdict.String() + ": " + want.Rule)
 		}
-		verdict, out := fzProgRun(t, dp, pkt.frame)
+		verdict, out := fzProgRun(t, dp, pkt.frame, pkt.gsoSize)
 		runs = append(runs, fzWindow{now, fzKtime(t)})
 		diffs := fzDiffResult(want, verdict, out)
 		got := fzReadState(t, dp)
-		diffs = append(diffs, fzDiffState(m.State, got, fzReadFrags(t, dp), runs)...)
+		got.RejectTAT = fzRejectTAT(t, dp, cpu)
+		diffs = append(diffs, fzDiffState(m.State, got, fzReadFrags(t, dp), runs, fd.limit)...)
 		if len(diffs) > 0 {
 			t.Fatalf("packet %d (%s): the program and the model differ (model: %s, %s):\n  %s\n\nscenario:\n%s\nframe:\n%s",
 				i, pkt.desc, want.Verdict, want.Rule, strings.Join(diffs, "\n  "), s, fzHex(pkt.frame))
@@ -616,6 +640,36 @@ func fzOps(t *testing.T, dp *Datapath) (*ops, *statedb.DB) {
 }
 
 var fzRuleHook func(string)
+
+// fzDatapath is the loaded program and maps, and the reject limit of one
+// CPU the loader gave it.
+type fzDatapath struct {
+	*Datapath
+	limit model.RejectLimit
+}
+
+// fzPinCPU keeps the test's goroutine on one CPU until it ends, and
+// returns it: BPF_PROG_RUN runs the program on the caller's CPU.
+func fzPinCPU(t *testing.T) int {
+	runtime.LockOSThread()
+	var all, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		t.Fatal(err)
+	}
+	cpu := 0
+	for !all.IsSet(cpu) {
+		cpu++
+	}
+	one.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		unix.SchedSetaffinity(0, &all)
+		runtime.UnlockOSThread()
+	})
+	return cpu
+}
 
 // fzLive says whether some frontend left has a.
 func fzLive(s *scenario, a netip.Addr) bool {

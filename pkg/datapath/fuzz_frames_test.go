@@ -111,7 +111,8 @@ type fzIP struct {
 	fragHdr bool
 	// options: IPv4 options (a multiple of 4 bytes).
 	options []byte
-	// ext: an IPv6 extension header (its number) before the payload.
+	// ext: an IPv6 extension header (its number, or fzJumbo) before the
+	// payload; 0xff none.
 	ext uint8
 }
 
@@ -137,18 +138,30 @@ func (p fzIP) bytes(l4 []byte) []byte {
 		binary.BigEndian.PutUint32(f[4:], p.id)
 		ext, next = f, 44
 	}
-	if p.ext != 0xff {
+	payloadLen := 0
+	switch p.ext {
+	case fzJumbo: // BIG TCP's Hop-by-Hop header, its length field 0
+		j := []byte{next, 0, 0xc2, 4, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(j[4:], uint32(8+len(ext)+len(l4)))
+		ext, next = append(j, ext...), 0
+	case 0xff:
+		payloadLen = len(ext) + len(l4)
+	default: // PadN
 		ext, next = append([]byte{next, 0, 1, 4, 0, 0, 0, 0}, ext...), p.ext
+		payloadLen = len(ext) + len(l4)
 	}
 	h := make([]byte, 40)
 	h[0] = 0x60
-	binary.BigEndian.PutUint16(h[4:], uint16(len(ext)+len(l4)))
+	binary.BigEndian.PutUint16(h[4:], uint16(payloadLen))
 	h[6], h[7] = next, p.ttl
 	s, d := p.src.As16(), p.dst.As16()
 	copy(h[8:], s[:])
 	copy(h[24:], d[:])
 	return append(append(h, ext...), l4...)
 }
+
+// fzJumbo stands for a Hop-by-Hop header of one Jumbo Payload option.
+const fzJumbo = 0xc2
 
 var (
 	fzClientMAC = []byte{0x02, 0, 0, 0, 0, 0x01}

@@ -113,6 +113,16 @@ func (d *Datapath) icmpError(p *packet, out []byte, now uint64) (Result, bool) {
 		if b == nil || svc.ID != e.ServiceID {
 			return Result{}, false
 		}
+		// To the backend only what a packet of the flow would reach it
+		// with: its service still there, and its client (not the error's
+		// sender, any router on the client's path) in the service's
+		// source ranges now, which may have shrunk since the flow began.
+		if fs := d.Table.service(Frontend{VIP: inSrc, Port: inSport, Proto: proto}); fs == nil || fs.ID != e.ServiceID {
+			return Result{}, false
+		} else if !fs.admits(inDst, p.v6) {
+			d.State.countDrop(fs.ID, DropSourceRange)
+			return Result{Drop, out, fmt.Sprintf("ICMP error to a backend of service %d for a client outside its source ranges", fs.ID)}, true
+		}
 		svcID = e.ServiceID
 		oldAddr, newAddr, newPort, outerOld = inSrc, addr16(b.Addr.Addr()), b.Addr.Port(), p.dst
 	}

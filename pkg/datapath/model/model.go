@@ -49,13 +49,22 @@ type Result struct {
 type Datapath struct {
 	Table *Table
 	State *State
+	// RejectLimit bounds the refusals sent; the zero value sends none.
+	RejectLimit RejectLimit
+}
+
+// Packet is a packet as the datapath receives it: its frame, and for a
+// GSO packet (GRO's, a guest's, a local socket's) the size of its segments.
+type Packet struct {
+	Frame   []byte
+	GSOSize uint32
 }
 
 // Process runs one packet through the model at the monotonic time now
 // (ns), changing d.State as the datapath changes its maps.
-func (d *Datapath) Process(frame []byte, now uint64) Result {
-	p := parse(frame)
-	out := append([]byte(nil), frame...)
+func (d *Datapath) Process(pkt Packet, now uint64) Result {
+	p := parse(pkt)
+	out := append([]byte(nil), pkt.Frame...)
 	switch p.class {
 	case notIP:
 		// Includes IPv6 whose Fragment header is cut off and IPv4 with a
@@ -186,8 +195,7 @@ func (d *Datapath) toService(p *packet, out []byte, now uint64) (Result, bool) {
 
 	// A new flow.
 	if svc.usableCount() == 0 {
-		st.countDrop(svc.ID, DropNoBackend)
-		return d.reject(p, out, fmt.Sprintf("service %d has no backend for new flows", svc.ID)), true
+		return d.refuse(p, out, svc.ID, now, fmt.Sprintf("service %d has no backend for new flows", svc.ID)), true
 	}
 	var chosen *Backend
 	rule := "new flow, affinity"
@@ -203,8 +211,7 @@ func (d *Datapath) toService(p *packet, out []byte, now uint64) (Result, bool) {
 		id := svc.Table[slot]
 		rule = fmt.Sprintf("new flow, Maglev slot %d", slot)
 		if id == 0 {
-			st.countDrop(svc.ID, DropNoBackend)
-			return d.reject(p, out, fmt.Sprintf("service %d: the reject share (slot %d)", svc.ID, slot)), true
+			return d.refuse(p, out, svc.ID, now, fmt.Sprintf("service %d: the reject share (slot %d)", svc.ID, slot)), true
 		}
 		if _, chosen = svc.backendByID(id); chosen == nil {
 			st.countDrop(svc.ID, DropNoBackend)

@@ -14,6 +14,9 @@ const (
 	ipv6HdrLen  = 40
 	fragHdrLen  = 8
 	nextHdrFrag = 44
+	nextHdrHop  = 0
+	jumboLen    = 8    // a Hop-by-Hop header of one Jumbo Payload option
+	tlvJumbo    = 0xc2 // IPV6_TLV_JUMBO
 
 	tcpFIN = 0x01
 	tcpSYN = 0x02
@@ -47,6 +50,7 @@ const (
 // packet is what the parser reads of a frame.
 type packet struct {
 	frame    []byte
+	gsoSize  uint32
 	class    class
 	why      DropReason // with untranslated
 	v6       bool
@@ -82,8 +86,9 @@ func (p *packet) frontend() Frontend { return Frontend{VIP: p.dst, Port: p.dport
 
 func (p *packet) closing() bool { return p.proto == ProtoTCP && p.tcpFlags&(tcpFIN|tcpRST) != 0 }
 
-func parse(frame []byte) *packet {
-	p := &packet{frame: frame}
+func parse(pkt Packet) *packet {
+	frame := pkt.Frame
+	p := &packet{frame: frame, gsoSize: pkt.GSOSize}
 	if len(frame) < ethLen {
 		return p
 	}
@@ -111,17 +116,27 @@ func parse4(p *packet) {
 		return
 	}
 	p.l3Len, p.ttl = ihl, ip[8]
-	if !ipv4Length(p, int(be16(ip[2:])), ihl) {
-		p.class = truncated
-		return
-	}
+	tot := int(be16(ip[2:]))
 	if p.proto == ProtoICMP {
+		if !ipv4Length(p, tot, ihl) {
+			p.class = truncated
+			return
+		}
 		// An ICMP error fits one packet: fragments are not translated.
 		if fragOff&(ipMF|ipOffset) != 0 {
 			p.class, p.why = untranslated, DropICMP
 			return
 		}
 		p.class = icmp
+		return
+	}
+	// BIG TCP: a TCP GSO packet of more than 64 KiB says 0, the length
+	// being the skb's; never a fragment.
+	if tot == 0 && fragOff&(ipMF|ipOffset) == 0 {
+		tot = p.bigTCPLen(0)
+	}
+	if !ipv4Length(p, tot, ihl) {
+		p.class = truncated
 		return
 	}
 	p.fragID = uint32(be16(ip[4:]))
@@ -140,9 +155,19 @@ const (
 	ip6Off   = 0xfff8
 )
 
+// bigTCPLen is the length after the IP header's hlen bytes of a BIG TCP
+// packet, whose length field says 0: the skb's. Only a TCP GSO packet is
+// one (GRO merges TCP segments only beyond 64 KiB); on any other a length
+// of 0 is what the header says, and 0 is returned.
+func (p *packet) bigTCPLen(hlen int) int {
+	if p.proto != ProtoTCP || p.gsoSize == 0 || len(p.frame) < ethLen+hlen {
+		return 0
+	}
+	return len(p.frame) - ethLen - hlen
+}
+
 // ipv4Length sets the L4 length from the IPv4 total length; false when the
-// total length is shorter than the header. (The place for BIG TCP: a GSO
-// packet's total length of 0.)
+// total length is shorter than the header.
 func ipv4Length(p *packet, tot, ihl int) bool {
 	if tot < ihl {
 		return false
@@ -175,6 +200,25 @@ func parse6(p *packet) {
 	p.l3Len, p.ttl = ipv6HdrLen, ip[7]
 	p.l4Len = int(be16(ip[4:]))
 	next := ip[6]
+	// BIG TCP, without or with a Hop-by-Hop header of one Jumbo Payload
+	// option (RFC 2675) saying the length after the fixed header (Linux
+	// up to 6.19), which is kept and the packet translated after it.
+	if p.l4Len == 0 && next == ProtoTCP {
+		p.proto = ProtoTCP
+		p.l4Len = p.bigTCPLen(ipv6HdrLen)
+	} else if p.l4Len == 0 && next == nextHdrHop && p.gsoSize != 0 && len(ip) >= ipv6HdrLen+jumboLen {
+		jh := ip[ipv6HdrLen:]
+		p.proto = jh[0]
+		n := p.bigTCPLen(ipv6HdrLen)
+		p.proto = 0
+		if n != 0 && jh[1] == 0 && jh[2] == tlvJumbo && jh[3] == 4 && int(be32(jh[4:])) == n && n >= jumboLen {
+			p.proto = ProtoTCP
+			p.l3Len += jumboLen
+			p.l4Len = n - jumboLen
+			parseL4(p)
+			return
+		}
+	}
 	switch {
 	case next == ProtoICMPv6:
 		p.proto, p.class = ProtoICMPv6, icmp

@@ -10,17 +10,46 @@ import (
 // 2.4): 1280 - 40 - 8 bytes of quote.
 const icmpv6QuoteMax = 1232
 
-// reject refuses a new flow at once rather than letting the client time
+// RejectLimit is a token bucket of refusals, of one CPU (each keeps its
+// own, with its share of the node's rate), kept as one time in the form
+// of GCRA's virtual scheduling: one refusal per Interval, up to
+// Burst/Interval of them at once. Burst 0: none at all.
+type RejectLimit struct {
+	Interval, Burst uint64 // ns
+}
+
+// allowed takes one refusal from the bucket at now, if there is one.
+func (d *Datapath) rejectAllowed(now uint64) bool {
+	l := d.RejectLimit
+	if l.Burst == 0 {
+		return false
+	}
+	tat := max(d.State.RejectTAT, now)
+	if tat+l.Interval-now > l.Burst {
+		return false
+	}
+	d.State.RejectTAT = tat + l.Interval
+	return true
+}
+
+// refuse refuses a new flow at once rather than letting the client time
 // out: TCP gets a RST (never for a RST), UDP an ICMP or ICMPv6 port
 // unreachable; the refusal leaves by the interface the packet came in on,
-// to its sender. The drop is already counted. (The one place to add a
-// rate limit of refusals.)
-func (d *Datapath) reject(p *packet, out []byte, why string) Result {
+// to its sender. Refusals answer whatever source a packet names: beyond
+// the reject limit the packet is dropped (counted apart), so that a flood
+// of spoofed sources is not reflected onto its victims.
+func (d *Datapath) refuse(p *packet, out []byte, svcID uint32, now uint64, why string) Result {
+	if p.proto == ProtoTCP && p.tcpFlags&tcpRST != 0 {
+		d.State.countDrop(svcID, DropNoBackend)
+		return Result{Drop, out, why + ": a RST is never answered"}
+	}
+	if !d.rejectAllowed(now) {
+		d.State.countDrop(svcID, DropRejectLimit)
+		return Result{Drop, out, why + ": over the reject limit"}
+	}
+	d.State.countDrop(svcID, DropNoBackend)
 	var f []byte
 	if p.proto == ProtoTCP {
-		if p.tcpFlags&tcpRST != 0 {
-			return Result{Drop, out, why + ": a RST is never answered"}
-		}
 		f = rst(p)
 	} else {
 		if f = portUnreachable(p); f == nil {

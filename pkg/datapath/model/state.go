@@ -116,11 +116,14 @@ const (
 	DropICMP
 	DropIPv6Extension
 	DropRemovedVIP
+	// DropRejectLimit: refused as DropNoBackend is, but over the reject
+	// limit, so not answered.
+	DropRejectLimit
 	NumDropReasons
 )
 
 var dropNames = [NumDropReasons]string{"no backend", "source range", "unknown port", "fragment",
-	"malformed", "backend family", "protocol", "icmp", "ipv6 extension", "removed vip"}
+	"malformed", "backend family", "protocol", "icmp", "ipv6 extension", "removed vip", "reject limit"}
 
 func (r DropReason) String() string {
 	if r >= 0 && r < NumDropReasons {
@@ -143,6 +146,9 @@ type State struct {
 	Affinity  map[AffinityKey]Affinity
 	Frags     map[FragKey]Frag
 	Counters  map[uint32]Counters
+	// RejectTAT is the reject limit's bucket (of the one CPU the packets
+	// run on): the time at which it is full again, 0 at first.
+	RejectTAT uint64
 }
 
 // NewState is an empty state.
