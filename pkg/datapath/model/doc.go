@@ -23,7 +23,8 @@
 //  2. a packet to a VIP:port/protocol: the backend's reply if it is one,
 //     else source ranges, then the flow's backend from conntrack, or a new
 //     one (affinity, then the Maglev table), or a refusal (TCP RST, ICMP
-//     port unreachable) when no backend takes new flows;
+//     port unreachable, within the reject limit) when no backend takes new
+//     flows;
 //  3. a backend's reply: its source restored to the VIP;
 //  4. any other packet to a VIP: dropped and counted.
 package model
