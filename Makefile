@@ -119,7 +119,7 @@ bench-cilium: build
 # `go test` runs as tests.
 FUZZTIME ?= 30s
 FUZZERS  := ./pkg/l4lb:FuzzTranslateCluster ./pkg/xds:FuzzClientSotW ./pkg/xds:FuzzClientDelta \
-	./pkg/controlplane:FuzzParseResources
+	./pkg/controlplane:FuzzParseResources ./pkg/datapath:FuzzDatapath
 fuzz:
 	@set -e; for f in $(FUZZERS); do \
 		echo "fuzz $${f#*:} ($${f%%:*}) for $(FUZZTIME)"; \
