@@ -4,6 +4,7 @@ package model
 
 import (
 	"encoding/binary"
+	"net/netip"
 )
 
 // icmpv6QuoteMax: an ICMPv6 error fits the minimum IPv6 MTU (RFC 4443
@@ -37,11 +38,17 @@ func (d *Datapath) rejectAllowed(now uint64) bool {
 // unreachable; the refusal leaves by the interface the packet came in on,
 // to its sender. Refusals answer whatever source a packet names: beyond
 // the reject limit the packet is dropped (counted apart), so that a flood
-// of spoofed sources is not reflected onto its victims.
+// of spoofed sources is not reflected onto its victims. Nor is a refusal
+// sent to a source that names no single host (RFC 1122 3.2.2, RFC 4443
+// 2.4 e): it would reach many hosts, or none.
 func (d *Datapath) refuse(p *packet, out []byte, svcID uint32, now uint64, why string) Result {
 	if p.proto == ProtoTCP && p.tcpFlags&tcpRST != 0 {
 		d.State.countDrop(svcID, DropNoBackend)
 		return Result{Drop, out, why + ": a RST is never answered"}
+	}
+	if !unicastSource(p.src) {
+		d.State.countDrop(svcID, DropNoBackend)
+		return Result{Drop, out, why + ": the source is not one host"}
 	}
 	if !d.rejectAllowed(now) {
 		d.State.countDrop(svcID, DropRejectLimit)
@@ -158,4 +165,15 @@ func portUnreachable(p *packet) []byte {
 	}
 	f = append(f, icmp...)
 	return append(f, quote...)
+}
+
+// unicastSource: not IPv4 0/8, multicast, class E or the limited
+// broadcast, not IPv6 unspecified or multicast. (src is in its 16-byte
+// form: an IPv4 source is IPv4-mapped.)
+func unicastSource(src netip.Addr) bool {
+	if src.Is4In6() {
+		b := src.Unmap().As4()
+		return b[0] != 0 && b[0] < 224
+	}
+	return !src.IsUnspecified() && !src.IsMulticast()
 }
