@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bpf
+
+import (
+	"bytes"
+	"testing"
+)
+
+// expect runs seg through the program and wants it forwarded as want
+// (nil: unchanged).
+func (d *datapath) expect(name string, seg segment, want *segment) {
+	d.t.Helper()
+	w := seg.frame()
+	if want != nil {
+		w = want.frame()
+	}
+	if verdict, out := d.run(seg.frame()); verdict != verdictNext || !bytes.Equal(out, w) {
+		d.t.Fatalf("%s: verdict %d, from %s to %s; want from %s to %s", name, int32(verdict), srcOf(out), dstOf(out), srcOf(w), dstOf(w))
+	}
+}
+
+func ptr(s segment) *segment { return &s }
+
+// A backend removed while a client's SYN to it is unanswered: the client's
+// retransmitted SYN goes to another backend. The removed backend's late
+// SYN-ACK answers a flow that is no longer its own: translated, the
+// client would take its sequence number, and its ACK (to the new backend)
+// would be refused with a reset. Its reply entry is stale; the new
+// backend's handshake establishes the flow.
+func TestAReplyOfABackendTheFlowLeftIsNotItsOwn(t *testing.T) {
+	d := newDatapath(t)
+	onlyA := []uint32{1, 1, 1, 1, 1, 1, 1}
+	onlyB := []uint32{2, 2, 2, 2, 2, 2, 2}
+	d.addService(service{id: 1, vip: vip4, proto: protoTCP, backends: []backend{be4a, be4b}, table: onlyA})
+	synSeg := syn(client4, vip4)
+	d.expect("SYN", synSeg, ptr(synSeg.to(be4a.addr)))
+	d.setMaglev(1, onlyB)
+	d.deleteBackend(be4a.id)
+	d.expect("SYN retransmitted", synSeg, ptr(synSeg.to(be4b.addr)))
+
+	lateSynAck := segment{src: be4a.addr, dst: client4, proto: protoTCP, flags: tcpSYN | tcpACK, seq: 5000, ack: 1001}
+	d.expect("the removed backend's late SYN-ACK", lateSynAck, nil)
+	synAck := segment{src: be4b.addr, dst: client4, proto: protoTCP, flags: tcpSYN | tcpACK, seq: 9000, ack: 1001}
+	d.expect("SYN-ACK", synAck, ptr(synAck.from(vip4)))
+	ack := segment{src: client4, dst: vip4, proto: protoTCP, flags: tcpACK, seq: 1001, ack: 9001}
+	d.expect("ACK", ack, ptr(ack.to(be4b.addr)))
+	if got := d.flowState(client4, vip4, protoTCP); got != "established" {
+		t.Errorf("flow after the handshake with the backend it went to: %s, want established", got)
+	}
+	if e, ok := d.ct(ctKey(client4, vip4, protoTCP, ctForward)); ok && e.BackendId != be4b.id {
+		t.Errorf("established flow on backend %d, want %d", e.BackendId, be4b.id)
+	}
+}
+
+// The same for UDP: a late answer of the removed backend, after the flow
+// went to another one and that one answered, must not take the flow
+// back to the removed backend.
+func TestALateAnswerOfABackendTheFlowLeftKeepsTheFlow(t *testing.T) {
+	d := newDatapath(t)
+	d.addService(service{id: 1, vip: vip4, proto: protoUDP, backends: []backend{be4a, be4b}, table: []uint32{1, 1, 1, 1, 1, 1, 1}})
+	q := udp(client4, vip4, "q")
+	d.expect("query", q, ptr(q.to(be4a.addr)))
+	d.setMaglev(1, []uint32{2, 2, 2, 2, 2, 2, 2})
+	d.deleteBackend(be4a.id)
+	d.expect("query again", q, ptr(q.to(be4b.addr)))
+	answer := udp(be4b.addr, client4, "a")
+	d.expect("answer", answer, ptr(answer.from(vip4)))
+	late := udp(be4a.addr, client4, "late")
+	d.expect("the removed backend's late answer", late, nil)
+	e, ok := d.ct(ctKey(client4, vip4, protoUDP, ctForward))
+	if !ok || e.BackendId != be4b.id {
+		t.Errorf("established flow: %+v (found %v), want it on backend %d", e, ok, be4b.id)
+	}
+	d.expect("next query", q, ptr(q.to(be4b.addr)))
+}
