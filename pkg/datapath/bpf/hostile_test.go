@@ -3,7 +3,10 @@
 package bpf
 
 import (
+	"bytes"
 	"encoding/binary"
+	"fmt"
+	"net/netip"
 	"testing"
 )
 
@@ -94,4 +97,108 @@ func TestTruncatedHeadersToAVIPAreDropped(t *testing.T) {
 	if drops != uint64(want) {
 		t.Errorf("%d drops counted, want %d", drops, want)
 	}
+}
+
+// ICMP errors of a live flow whose quote is cut at every length, their
+// lengths agreeing: translated only once the quote holds the ports, with
+// every checksum right (the quoted ones included); before, an error to the
+// client passes as it came, and one to the VIP is dropped.
+func TestICMPErrorsWithTheirQuoteCutShort(t *testing.T) {
+	for _, fam := range []struct {
+		name            string
+		svc             service
+		client, vip, be netip.AddrPort
+		typ, code       uint8
+		inL3            int // the quoted query's IP header (IPv4: with options)
+	}{
+		{"IPv4", service{id: 1, vip: vip4, proto: protoUDP, backends: []backend{be4a}}, client4, vip4, be4a.addr, icmpDestUnreach, icmpPortUnreach, 24},
+		{"IPv6", service{id: 6, vip: vip6, proto: protoUDP, backends: []backend{be6a}}, client6, vip6, be6a.addr, icmp6DestUnreach, icmp6PortUnreach, 40},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			d := newDatapath(t)
+			d.addService(fam.svc)
+			q := udp(fam.client, fam.vip, "query with a payload")
+			if fam.vip.Addr().Is4() {
+				q.ipOptions = []byte{0x01, 0x01, 0x01, 0x00}
+			}
+			a := udp(fam.be, fam.client, "answer")
+			d.expect("query", q, ptr(q.to(fam.be)))
+			d.expect("answer", a, ptr(a.from(fam.vip)))
+			toClient := q.to(fam.be).frame()
+			toVIP := a.from(fam.vip).frame()
+			// The answer quoted to the VIP has no IP options.
+			replyL3 := 20
+			if !fam.vip.Addr().Is4() {
+				replyL3 = 40
+			}
+			for n := 1; n < len(toClient)-14; n++ {
+				in := icmpError(fam.be.Addr(), fam.client.Addr(), fam.typ, fam.code, 0, toClient, n)
+				verdict, out := d.run(in)
+				if verdict != verdictNext {
+					t.Fatalf("error to the client quoting %d bytes: verdict %d", n, int32(verdict))
+				}
+				out = out[:len(in)]
+				if n < fam.inL3+8 {
+					if !bytes.Equal(out, in) {
+						t.Errorf("error to the client quoting %d bytes (no ports): changed", n)
+					}
+					continue
+				}
+				want := icmpError(fam.vip.Addr(), fam.client.Addr(), fam.typ, fam.code, 0, q.frame(), n)
+				if !bytes.Equal(out, want) {
+					t.Errorf("error to the client quoting %d bytes:\n got %x\nwant %x", n, out, want)
+				}
+				verifyChecksums(t, fmt.Sprintf("error to the client quoting %d bytes", n), out)
+			}
+			for n := 1; n < len(toVIP)-14; n++ {
+				in := icmpError(fam.client.Addr(), fam.vip.Addr(), fam.typ, fam.code, 0, toVIP, n)
+				verdict, out := d.run(in)
+				out = out[:len(in)]
+				if n < replyL3+8 {
+					if verdict != verdictDrop {
+						t.Errorf("error to the VIP quoting %d bytes (no ports): verdict %d, want drop", n, int32(verdict))
+					}
+					continue
+				}
+				want := icmpError(fam.client.Addr(), fam.be.Addr(), fam.typ, fam.code, 0, a.frame(), n)
+				if verdict != verdictNext || !bytes.Equal(out, want) {
+					t.Errorf("error to the VIP quoting %d bytes: verdict %d\n got %x\nwant %x", n, int32(verdict), out, want)
+				}
+				verifyChecksums(t, fmt.Sprintf("error to the VIP quoting %d bytes", n), out)
+			}
+		})
+	}
+}
+
+// An ICMP error whose quote is not the packet of a flow the error's
+// addresses name: an IPv6 packet quoted in ICMP, an IPv4 one in ICMPv6, a
+// flow of another service on the same VIP, a flow to another VIP. None is
+// translated; to a VIP, all are dropped.
+func TestICMPErrorsQuotingAnotherFlow(t *testing.T) {
+	d := newDatapath(t)
+	d.addService(service{id: 1, vip: vip4, proto: protoUDP, backends: []backend{be4a}})
+	d.addService(service{id: 2, vip: vip4b, proto: protoUDP, backends: []backend{be4b}})
+	d.addService(service{id: 6, vip: vip6, proto: protoUDP, backends: []backend{be6a}})
+	q4, q6 := udp(client4, vip4, "q"), udp(client6, vip6, "q")
+	d.expect("query", q4, ptr(q4.to(be4a.addr)))
+	d.expect("answer", udp(be4a.addr, client4, "a"), ptr(udp(vip4, client4, "a")))
+	d.expect("query6", q6, ptr(q6.to(be6a.addr)))
+	d.expect("answer6", udp(be6a.addr, client6, "a"), ptr(udp(vip6, client6, "a")))
+	reply4 := udp(vip4, client4, "a").frame()
+	reply6 := udp(vip6, client6, "a").frame()
+	for _, c := range []struct {
+		name string
+		f    []byte
+	}{
+		{"ICMP quoting IPv6", icmpError(client4.Addr(), vip4.Addr(), icmpDestUnreach, icmpPortUnreach, 0, reply6, 0)},
+		{"ICMPv6 quoting IPv4", icmpError(client6.Addr(), vip6.Addr(), icmp6DestUnreach, icmp6PortUnreach, 0, reply4, 0)},
+		{"a flow of the VIP's other port", icmpError(client4.Addr(), vip4.Addr(), icmpDestUnreach, icmpPortUnreach, 0,
+			udp(netip.AddrPortFrom(vip4.Addr(), 81), client4, "a").frame(), 0)},
+		{"a flow of another VIP", icmpError(client4.Addr(), vip4b.Addr(), icmpDestUnreach, icmpPortUnreach, 0, reply4, 0)},
+	} {
+		if verdict, _ := d.run(c.f); verdict != verdictDrop {
+			t.Errorf("%s: verdict %d, want drop", c.name, int32(verdict))
+		}
+	}
+	wantStats(t, d, 0, 0, 0, map[int]uint64{dropICMP: 4})
 }
