@@ -66,11 +66,8 @@ char __license[] SEC("license") = "Dual BSD/GPL";
  * is remembered in the forward entry, whose client's ACK of it establishes
  * the flow; anything else but a RST means the backend's side is
  * established. A backend answering a spoofed SYN sends SYN-ACKs only, to a
- * client that never acknowledges them. -1: the entry is stale, the flow
- * has gone to another backend since (this one was removed, and the
- * client's next packet went elsewhere), and the answer is not the flow's:
- * taken as the flow's, it would hand the client this backend's sequence
- * numbers, or take an established flow back to it. */
+ * client that never acknowledges them. -1: the entry is stale
+ * (half_open_stale), the answer not the flow's. */
 static __always_inline int reply_new(const struct pkt *p,
 				     const struct lb_ct_key *rk,
 				     struct lb_ct_entry *h, __u64 now)
@@ -79,11 +76,8 @@ static __always_inline int reply_new(const struct pkt *p,
 	struct lb_ct_entry ce;
 	struct lb_ct_entry *f;
 
-	forward_key(&fk, rk, h->vip, h->vip_port);
-	f = bpf_map_lookup_elem(&l4xds_ct_new, &fk);
-	if (!f)
-		f = bpf_map_lookup_elem(&l4xds_ct, &fk);
-	if (f && (f->backend_id != h->backend_id || f->svc_id != h->svc_id))
+	f = half_open_forward(&fk, rk, h);
+	if (half_open_stale(f, h))
 		return -1;
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_SYN)) {
 		if (f && (f->flags & (CT_F_NEW | CT_F_SYNACK)) == CT_F_NEW) {

@@ -54,8 +54,9 @@ struct icmp_quote_l4 {
  * same (skb->csum of CHECKSUM_COMPLETE holds). An error to a backend
  * whose flow's client is outside the service's source ranges is dropped
  * (LB_DROP_SOURCE_RANGE). Anything else (errors of no flow, or of a flow
- * whose service is gone, echo, ...) is VERDICT_CONTINUE, but neighbour
- * discovery, which passes. */
+ * whose service is gone, or about a backend a flow not established yet
+ * has left (half_open_stale), echo, ...) is VERDICT_CONTINUE, but
+ * neighbour discovery, which passes. */
 __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct icmp_err_hdr icmp;
@@ -132,8 +133,13 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 	now = bpf_ktime_get_ns();
 	key.dir = CT_REPLY;
 	e = ct_lookup(&l4xds_ct, &key, now);
-	if (!e)
+	if (!e) {
+		struct lb_ct_key fk = {};
+
 		e = ct_lookup(&l4xds_ct_new, &key, now);
+		if (e && half_open_stale(half_open_forward(&fk, &key, e), e))
+			return VERDICT_CONTINUE;
+	}
 	if (e) {
 		reply = 1;
 		svc_id = e->svc_id;

@@ -4,6 +4,7 @@ package bpf
 
 import (
 	"bytes"
+	"net/netip"
 	"testing"
 )
 
@@ -73,4 +74,32 @@ func TestALateAnswerOfABackendTheFlowLeftKeepsTheFlow(t *testing.T) {
 		t.Errorf("established flow: %+v (found %v), want it on backend %d", e, ok, be4b.id)
 	}
 	d.expect("next query", q, ptr(q.to(be4b.addr)))
+}
+
+// The same with an ICMP error about the first SYN: the router in front of
+// the removed backend gives up resolving its address (host unreachable,
+// seconds after the SYN), when the client's retransmitted SYN has gone to
+// another backend. Translated, the error would abort the client's connect
+// (an ICMP error to a socket in SYN-SENT ends it); it is about a flow that
+// is no longer the client's.
+func TestAnICMPErrorOfABackendTheFlowLeftIsNotItsOwn(t *testing.T) {
+	d := newDatapath(t)
+	d.addService(service{id: 1, vip: vip4, proto: protoTCP, backends: []backend{be4a, be4b}, table: []uint32{1, 1, 1, 1, 1, 1, 1}})
+	synSeg := syn(client4, vip4)
+	d.expect("SYN", synSeg, ptr(synSeg.to(be4a.addr)))
+	d.setMaglev(1, []uint32{2, 2, 2, 2, 2, 2, 2})
+	d.deleteBackend(be4a.id)
+	d.expect("SYN retransmitted", synSeg, ptr(synSeg.to(be4b.addr)))
+	router := netip.MustParseAddr("10.1.0.254")
+	const hostUnreach = 1
+	lost := icmpError(router, client4.Addr(), icmpDestUnreach, hostUnreach, 0, synSeg.to(be4a.addr).frame(), 0)
+	if verdict, out := d.run(lost); verdict != verdictNext || !bytes.Equal(out[:len(lost)], lost) {
+		t.Errorf("host unreachable about the SYN to the removed backend: verdict %d, source %s; want it passed as it came", int32(verdict), srcOf(out).Addr())
+	}
+	// About the flow's backend, the error is the flow's.
+	unreach := icmpError(router, client4.Addr(), icmpDestUnreach, hostUnreach, 0, synSeg.to(be4b.addr).frame(), 0)
+	want := icmpError(vip4.Addr(), client4.Addr(), icmpDestUnreach, hostUnreach, 0, synSeg.frame(), 0)
+	if verdict, out := d.run(unreach); verdict != verdictNext || !bytes.Equal(out[:len(want)], want) {
+		t.Errorf("host unreachable about the SYN to the flow's backend: verdict %d, source %s; want it from the VIP", int32(verdict), srcOf(out).Addr())
+	}
 }
