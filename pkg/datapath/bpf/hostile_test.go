@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -201,4 +202,53 @@ func TestICMPErrorsQuotingAnotherFlow(t *testing.T) {
 		}
 	}
 	wantStats(t, d, 0, 0, 0, map[int]uint64{dropICMP: 4})
+}
+
+// BIG TCP lengths that lie: a fragment (BIG TCP packets are never
+// fragments) and an IPv6 Fragment header with a payload length of 0 are
+// malformed, GSO or not. A BIG TCP packet with IPv4 options is translated
+// with the ports where the options end, and refused with a reset that
+// acknowledges its whole payload.
+func TestBigTCPLengthsThatLie(t *testing.T) {
+	const mss = 1448
+	payload := []byte(strings.Repeat("b", 2*mss))
+	d := newDatapath(t)
+	d.addService(service{id: 1, vip: vip4, proto: protoTCP, backends: []backend{be4a}})
+	d.addService(service{id: 6, vip: vip6, proto: protoTCP, backends: []backend{be6a}})
+	d.addService(service{id: 2, vip: vip4b, proto: protoTCP})
+
+	data4 := segment{src: client4, dst: vip4, proto: protoTCP, flags: tcpACK | tcpPSH, seq: 1001, ack: 5001, payload: payload}
+	fragment := data4
+	fragment.fragOff = 0x2000 // MF
+	later := data4
+	later.fragOff = 0x0100
+	data6 := segment{src: client6, dst: vip6, proto: protoTCP, flags: tcpACK | tcpPSH, seq: 1001, ack: 5001, payload: payload}
+	frag6 := zeroPayloadLen(data6.fragments(5)[0])
+	for _, c := range []struct {
+		name string
+		f    []byte
+	}{
+		{"IPv4 total length 0, first fragment", zeroTotLen(fragment.frame())},
+		{"IPv4 total length 0, later fragment", zeroTotLen(later.frame())},
+		{"IPv6 payload length 0, Fragment header", frag6},
+	} {
+		if verdict, _ := d.runGSO(c.f, mss, 2); verdict != verdictDrop {
+			t.Errorf("%s (GSO): verdict %d, want drop", c.name, int32(verdict))
+		}
+	}
+
+	withOpts := data4
+	withOpts.ipOptions = []byte{0x01, 0x01, 0x01, 0x00}
+	if verdict, out := d.runGSO(zeroTotLen(withOpts.frame()), mss, 2); verdict != verdictNext {
+		t.Errorf("BIG TCP with IP options: verdict %d", int32(verdict))
+	} else if want := zeroTotLen(withOpts.to(be4a.addr).frame()); !bytes.Equal(out[:len(want)], want) {
+		t.Errorf("BIG TCP with IP options:\n got %x\nwant %x", out[:64], want[:64])
+	}
+
+	refused := segment{src: client4, dst: vip4b, proto: protoTCP, flags: tcpPSH, seq: 1001, payload: payload}
+	if verdict, out := d.runGSO(zeroTotLen(refused.frame()), mss, 2); verdict != verdictRedirect {
+		t.Errorf("BIG TCP to a service without backends: verdict %d, want the reset", int32(verdict))
+	} else if want := rst(refused); !bytes.Equal(out[:len(want)], want) {
+		t.Errorf("reset of a BIG TCP packet:\n got %x\nwant %x", out[:len(want)], want)
+	}
 }
