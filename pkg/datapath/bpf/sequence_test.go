@@ -103,3 +103,37 @@ func TestAnICMPErrorOfABackendTheFlowLeftIsNotItsOwn(t *testing.T) {
 		t.Errorf("host unreachable about the SYN to the flow's backend: verdict %d, source %s; want it from the VIP", int32(verdict), srcOf(out).Addr())
 	}
 }
+
+// A client that gives up on a handshake and starts again: a RST, then a
+// SYN on the same port, is a new flow balanced anew (here to the backend
+// the table names now), and its handshake establishes it there; the
+// SYN retransmitted from another port is a flow of its own.
+func TestAHandshakeStartedAgain(t *testing.T) {
+	d := newDatapath(t)
+	d.addService(service{id: 1, vip: vip4, proto: protoTCP, backends: []backend{be4a, be4b}, table: []uint32{1, 1, 1, 1, 1, 1, 1}})
+	synSeg := syn(client4, vip4)
+	d.expect("SYN", synSeg, ptr(synSeg.to(be4a.addr)))
+	d.setMaglev(1, []uint32{2, 2, 2, 2, 2, 2, 2})
+	rstSeg := segment{src: client4, dst: vip4, proto: protoTCP, flags: tcpRST, seq: 1001}
+	d.expect("RST", rstSeg, ptr(rstSeg.to(be4a.addr)))
+	again := synSeg
+	again.seq = 7000
+	d.expect("SYN again", again, ptr(again.to(be4b.addr)))
+	synAck := segment{src: be4b.addr, dst: client4, proto: protoTCP, flags: tcpSYN | tcpACK, seq: 9000, ack: 7001}
+	d.expect("SYN-ACK", synAck, ptr(synAck.from(vip4)))
+	ack := segment{src: client4, dst: vip4, proto: protoTCP, flags: tcpACK, seq: 7001, ack: 9001}
+	d.expect("ACK", ack, ptr(ack.to(be4b.addr)))
+	if e, ok := d.ct(ctKey(client4, vip4, protoTCP, ctForward)); !ok || e.BackendId != be4b.id || e.Flags != 0 {
+		t.Errorf("flow after the second handshake: %+v (found %v), want established on backend %d", e, ok, be4b.id)
+	}
+	// The first backend's late SYN-ACK, to the flow the client reset: not
+	// the flow's now.
+	late := segment{src: be4a.addr, dst: client4, proto: protoTCP, flags: tcpSYN | tcpACK, seq: 5000, ack: 1001}
+	d.expect("the first backend's late SYN-ACK", late, nil)
+
+	other := synSeg.sport(40001)
+	d.expect("SYN from another port", other, ptr(other.to(be4b.addr)))
+	if got := d.flowState(other.src, vip4, protoTCP); got != "new" {
+		t.Errorf("flow from another port: %s, want new", got)
+	}
+}
