@@ -25,8 +25,9 @@ var flowMaps = []string{bpf.L4xdsMapL4xdsCt, bpf.L4xdsMapL4xdsCtNew, bpf.L4xdsMa
 // entries of their pins, so that established flows keep their backend and
 // their reverse NAT across the change. Not when the ID maps are made anew
 // too: the entries name the old IDs. What the attached program writes
-// into the old maps between this copy and Commit is lost; a flow's next
-// packet writes its entries again. Entries beyond a smaller map's size are
+// into the old maps between this copy and Commit (right after it when
+// only flow maps are new, see Load) is lost; a flow's next packet writes
+// its entries again. Entries beyond a smaller map's size are
 // evicted, least recently used first (see copyEntries).
 func copyFlows(log *slog.Logger, objs *bpf.L4xdsMaps, staged []string, dir string) error {
 	if slices.Contains(staged, bpf.L4xdsMapL4xdsServices) || slices.Contains(staged, bpf.L4xdsMapL4xdsBackends) {
@@ -58,6 +59,16 @@ func copyFlows(log *slog.Logger, objs *bpf.L4xdsMaps, staged []string, dir strin
 		}
 	}
 	return nil
+}
+
+// onlyFlowMaps reports whether the maps made anew are flow maps only.
+func onlyFlowMaps(staged []string) bool {
+	for _, name := range staged {
+		if !slices.Contains(flowMaps, name) {
+			return false
+		}
+	}
+	return true
 }
 
 // copyEntries copies every entry of from into to, if their keys and

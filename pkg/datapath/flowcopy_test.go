@@ -51,9 +51,6 @@ func TestPrivilegedShrunkConntrackKeepsTheRecentFlows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	if err := dp.Commit(log); err != nil {
-		t.Fatal(err)
-	}
 	m, err := ebpf.LoadPinnedMap(filepath.Join(root, PinDir, bpf.L4xdsMapL4xdsCt), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -81,5 +78,38 @@ func TestFlowMapValuesStartWithTheirLastUse(t *testing.T) {
 	}
 	if off := unsafe.Offsetof(bpf.L4xdsLbAffinity{}.LastUsed); off != 0 {
 		t.Errorf("lb_affinity.last_used at offset %d, want 0", off)
+	}
+}
+
+// Flow maps made anew for new sizes are used at once, not once the
+// control plane's first full state is in (which may be long): the ID maps
+// are the pinned ones, which need nothing from it, and every flow
+// established by the previous program after the copy would be lost at the
+// switch (a backend's reply without its entry passes untranslated, and the
+// client resets the connection).
+func TestPrivilegedResizedFlowMapsAreUsedAtOnce(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	cfg := testConfig(root)
+	cfg.LBConntrackMax = 8192
+	load(t, cfg).Close()
+
+	cfg.LBConntrackMax = 4096
+	log, _ := testLogger(t)
+	dp, err := Load(log, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if dp.Staged() {
+		t.Errorf("flow maps of new sizes wait for the control plane before they are used")
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(root, PinDir, bpf.L4xdsMapL4xdsCt), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if m.MaxEntries() != 4096 {
+		t.Errorf("pinned %s of %d entries once loaded, want the new map's 4096", bpf.L4xdsMapL4xdsCt, m.MaxEntries())
 	}
 }
