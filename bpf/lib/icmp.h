@@ -92,16 +92,30 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 
 	if (p->v6) {
 		struct ipv6hdr ip6;
+		__u8 nexthdr;
 
 		if (bpf_skb_load_bytes(skb, in_off, &ip6, sizeof(ip6)) < 0 ||
 		    ip6.version != 6)
 			return VERDICT_CONTINUE;
-		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
+		nexthdr = ip6.nexthdr;
+		in_l3 = sizeof(ip6);
+		/* A first fragment (a datagram too big for the path, which
+		 * its sender fragmented) has its ports after the Fragment
+		 * header; a later one quotes none. */
+		if (nexthdr == IPV6_NEXTHDR_FRAGMENT) {
+			struct ipv6_frag_hdr fh;
+
+			if (bpf_skb_load_bytes(skb, in_off + sizeof(ip6), &fh, sizeof(fh)) < 0 ||
+			    (fh.frag_off & bpf_htons(IP6_OFFSET)))
+				return VERDICT_CONTINUE;
+			nexthdr = fh.nexthdr;
+			in_l3 += sizeof(fh);
+		}
+		if (nexthdr != IPPROTO_TCP && nexthdr != IPPROTO_UDP)
 			return VERDICT_CONTINUE;
-		key.proto = ip6.nexthdr;
+		key.proto = nexthdr;
 		__builtin_memcpy(key.saddr, &ip6.daddr, 16);
 		__builtin_memcpy(key.daddr, &ip6.saddr, 16);
-		in_l3 = sizeof(ip6);
 	} else {
 		struct iphdr ip;
 

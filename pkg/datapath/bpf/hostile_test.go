@@ -252,3 +252,32 @@ func TestBigTCPLengthsThatLie(t *testing.T) {
 		t.Errorf("reset of a BIG TCP packet:\n got %x\nwant %x", out[:len(want)], want)
 	}
 }
+
+// A datagram too big for the backend's path, fragmented by the client: the
+// router's Packet Too Big quotes its first fragment, whose Fragment header
+// sits before the UDP header. It is the flow's error like any other (the
+// client's kernel skips the Fragment header to find the socket): without
+// it the client never learns the path's MTU through the VIP.
+func TestICMPv6ErrorQuotingAFirstFragment(t *testing.T) {
+	d := newDatapath(t)
+	d.addService(service{id: 6, vip: vip6, proto: protoUDP, backends: []backend{be6a}})
+	q := udp(client6, vip6, strings.Repeat("q", 1400))
+	frags := q.fragments(0x51, 1232)
+	first := q.to(be6a.addr).fragments(0x51, 1232)[0]
+	if verdict, out := d.run(frags[0]); verdict != verdictNext || !bytes.Equal(out[:len(first)], first) {
+		t.Fatalf("first fragment: verdict %d, to %s", int32(verdict), dstOf(out))
+	}
+	router := netip.MustParseAddr("fd00::fe")
+	in := icmpError(router, client6.Addr(), icmp6PacketTooBig, 0, 1280, first, 1232)
+	want := icmpError(vip6.Addr(), client6.Addr(), icmp6PacketTooBig, 0, 1280, frags[0], 1232)
+	verdict, out := d.run(in)
+	if verdict != verdictNext || !bytes.Equal(out[:len(want)], want) {
+		t.Errorf("Packet Too Big quoting the first fragment: verdict %d, from %s; want it from the VIP about the VIP", int32(verdict), srcOf(out).Addr())
+	}
+	verifyChecksums(t, "Packet Too Big", out[:len(want)])
+	// A later fragment quotes no ports: not the flow's to say.
+	later := icmpError(router, client6.Addr(), icmp6PacketTooBig, 0, 1280, q.to(be6a.addr).fragments(0x51, 1232)[1], 0)
+	if verdict, out := d.run(later); verdict != verdictNext || !bytes.Equal(out[:len(later)], later) {
+		t.Errorf("Packet Too Big quoting a later fragment: verdict %d, from %s; want it passed as it came", int32(verdict), srcOf(out).Addr())
+	}
+}
