@@ -17,6 +17,13 @@ static __always_inline int reject_allowed(__u64 now)
 	if (!b)
 		return 0;
 	tat = b->tat > now ? b->tat : now;
+	/* Further ahead than this limit takes it: a bucket of a larger
+	 * limit (the map is pinned, and an agent restarted with a smaller
+	 * one finds it as it was). It is this limit's empty bucket. */
+	if (tat - now > reject_burst_ns) {
+		tat = now + reject_burst_ns;
+		b->tat = tat;
+	}
 	if (tat + reject_interval_ns - now > reject_burst_ns)
 		return 0;
 	b->tat = tat + reject_interval_ns;
