@@ -352,9 +352,10 @@ func (s *server) run(ctx context.Context, lis, hlis net.Listener) error {
 		Publish: func(res controlplane.Resources) ([]controlplane.Conflict, error) {
 			return sources.Set(kubesource.SourceName, res)
 		},
-		Problem:  func(err error) { health.Report(kubesource.SourceName, err) },
-		Election: s.election,
-		Logger:   log,
+		Problem:    func(err error) { health.Report(kubesource.SourceName, err) },
+		Election:   s.election,
+		Logger:     log,
+		Registerer: reg,
 	})
 	if err != nil {
 		return err
