@@ -40,6 +40,9 @@ type Config struct {
 	// once its last frontend is removed, rather than passed to the stack,
 	// which would route them back out (l4xds_old_vips).
 	LBRemovedVIPGrace time.Duration
+	// DatapathServiceMetrics exports the counters of every frontend: 12
+	// series per frontend on every node, which a large fleet may not want.
+	DatapathServiceMetrics bool
 }
 
 // MaxMaglevTableSize bounds --lb-maglev-table-size: every service holds a
@@ -77,7 +80,8 @@ var DefaultConfig = Config{
 	LBAffinityMax:     1 << 16,
 	// Longer than a client's SYN retries (about 2 minutes on Linux) and
 	// than the withdrawal of the VIP's route is expected to take.
-	LBRemovedVIPGrace: 5 * time.Minute,
+	LBRemovedVIPGrace:      5 * time.Minute,
+	DatapathServiceMetrics: true,
 }
 
 func (def Config) Flags(flags *pflag.FlagSet) {
@@ -91,6 +95,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint("lb-conntrack-max", def.LBConntrackMax, "Entries of the conntrack map of established flows, two per flow (forward and reply); a changed size makes the map anew at start, with the entries of the old one")
 	flags.Uint("lb-conntrack-new-max", def.LBConntrackNewMax, "Entries of the conntrack map of flows not established yet (TCP before the client's ACK of the backend's SYN-ACK, UDP before the backend's first answer), two per flow; floods of new flows churn this map only")
 	flags.Uint("lb-affinity-max", def.LBAffinityMax, "Entries of the client affinity map: clients of services with session affinity (one per client and service), written once a flow is established")
+	flags.Bool("datapath-service-metrics", def.DatapathServiceMetrics, "Export the packet, byte and drop counters of every frontend (l4xds_datapath_service_*): 12 series per frontend; the drops no frontend is charged with are exported either way")
 	flags.Duration("lb-removed-vip-grace", def.LBRemovedVIPGrace, "How long packets to a VIP whose last frontend was removed are still dropped (counted as removed vip) rather than passed to the node's stack, which may route them back; 0: not at all")
 }
 
