@@ -318,11 +318,12 @@ func checkAgent(t *testing.T, r *rendered) *corev1.ConfigMap {
 		t.Error("no NODE_NAME from spec.nodeName: the node id would be the host name")
 	}
 
-	// Readiness follows health; liveness must not, or a dead xDS server
-	// would restart every agent in the cluster.
+	// Readiness follows the agent's readiness (its first state served),
+	// not its health: a dead xDS server would make every agent NotReady at
+	// once. Liveness follows neither, or it would restart them all.
 	ready, live := agent.ReadinessProbe, agent.LivenessProbe
-	if ready == nil || ready.Exec == nil || !slices.Equal(ready.Exec.Command, []string{"l4xds-dbg", "--socket", socket, "status"}) {
-		t.Errorf("readinessProbe %+v, want l4xds-dbg --socket %s status", ready, socket)
+	if ready == nil || ready.Exec == nil || !slices.Equal(ready.Exec.Command, []string{"l4xds-dbg", "--socket", socket, "status", "--readiness"}) {
+		t.Errorf("readinessProbe %+v, want l4xds-dbg --socket %s status --readiness", ready, socket)
 	} else {
 		checkCommand(t, ready.Exec.Command)
 	}
