@@ -63,6 +63,12 @@ var kinds = map[string]struct {
 	"RoleBinding":        {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.RoleBinding) }},
 	// More than one replica.
 	"PodDisruptionBudget": {"policy/v1", func() any { return new(policyv1.PodDisruptionBudget) }},
+	// prometheus.serviceMonitor, podMonitor and prometheusRule
+	// (prometheus-operator's CRDs; the fields the chart sets, in
+	// monitoring_test.go).
+	"ServiceMonitor": {"monitoring.coreos.com/v1", func() any { return new(serviceMonitor) }},
+	"PodMonitor":     {"monitoring.coreos.com/v1", func() any { return new(podMonitor) }},
+	"PrometheusRule": {"monitoring.coreos.com/v1", func() any { return new(prometheusRule) }},
 }
 
 // clusterScoped are the kinds of kinds that have no namespace; every other
