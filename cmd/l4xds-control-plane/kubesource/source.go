@@ -69,6 +69,9 @@ type Source struct {
 	lead leadership
 
 	problem string // last reported
+	// written are the objects whose status this replica wrote, until its
+	// informers show the write (used by the Run loop only).
+	written ownWrites
 }
 
 // RESTConfig is the configuration of kubeconfig, or the in-cluster one
@@ -355,6 +358,8 @@ func (s *Source) Run(ctx context.Context) error {
 			st.Gateway.TCPRoutes, _ = g.TCPRoutes().Lister().List(labels.Everything())
 			st.Gateway.UDPRoutes, _ = g.UDPRoutes().Lister().List(labels.Everything())
 		}
+		st.Services = withOwnWrites(s.written, "Service", st.Services)
+		st.Gateway.Gateways = withOwnWrites(s.written, "Gateway", st.Gateway.Gateways)
 		return st, nil
 	}
 
@@ -469,10 +474,12 @@ func (s *Source) writeStatus(ctx context.Context, st State, out Outcome) {
 		if !s.lead.writes() {
 			return // leadership lost mid-round: the new leader writes
 		}
-		if _, err := s.kube.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		got, err := s.kube.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{})
+		if err != nil {
 			s.statusError("Service", k, err)
 			continue
 		}
+		s.written.note("Service", svc, got)
 		for _, e := range so.Events {
 			s.rec.Event(svc, e.Type, e.Reason, e.Message)
 		}
@@ -519,10 +526,12 @@ func (s *Source) writeGatewayStatus(ctx context.Context, st GatewayState, out Ga
 		if !s.lead.writes() {
 			return // leadership lost mid-round: the new leader writes
 		}
-		if _, err := g.Gateways(gw.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		got, err := g.Gateways(gw.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{})
+		if err != nil {
 			s.statusError("Gateway", k, err)
 			continue
 		}
+		s.written.note("Gateway", gw, got)
 		for _, e := range out.GatewayEvent[k] {
 			s.rec.Event(gw, e.Type, e.Reason, e.Message)
 		}
@@ -580,4 +589,67 @@ func mergeParents(old, ours []gatewayv1.RouteParentStatus, controller string) []
 		return old
 	}
 	return out
+}
+
+// ownWrites remembers the objects whose status this replica wrote, each
+// with the resourceVersion it replaced, until the informer shows a newer
+// one. Addresses are allocated from the objects' status: a round computed
+// from an informer that lags behind the replica's own write would see the
+// object without the address just written, give that address to another
+// object (one that sorts first), write it into that one's status (its
+// resourceVersion is current, so the write succeeds) and then move the
+// first object off its advertised address.
+type ownWrites map[ownKey]ownWrite
+
+type ownKey struct {
+	kind string
+	types.NamespacedName
+}
+
+type ownWrite struct {
+	from string // the resourceVersion the write replaced
+	obj  metav1.Object
+}
+
+// note records a status write of kind that replaced old with got.
+func (w *ownWrites) note(kind string, old, got metav1.Object) {
+	if got == nil || got.GetResourceVersion() == "" || got.GetResourceVersion() == old.GetResourceVersion() {
+		return
+	}
+	if *w == nil {
+		*w = ownWrites{}
+	}
+	(*w)[ownKey{kind, types.NamespacedName{Namespace: old.GetNamespace(), Name: old.GetName()}}] = ownWrite{old.GetResourceVersion(), got}
+}
+
+// withOwnWrites replaces the objects of kind that the informer still has
+// at the version a write of ours replaced by what that write made, and
+// forgets the writes the informer shows (or that a newer change of the
+// object made moot).
+func withOwnWrites[T metav1.Object](w ownWrites, kind string, objs []T) []T {
+	if len(w) == 0 {
+		return objs
+	}
+	seen := map[ownKey]bool{}
+	for i, o := range objs {
+		k := ownKey{kind, types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}}
+		e, ok := w[k]
+		if !ok {
+			continue
+		}
+		seen[k] = true
+		if o.GetResourceVersion() != e.from {
+			delete(w, k)
+			continue
+		}
+		if t, ok := e.obj.(T); ok {
+			objs[i] = t
+		}
+	}
+	for k := range w {
+		if k.kind == kind && !seen[k] {
+			delete(w, k) // deleted
+		}
+	}
+	return objs
 }
