@@ -22,7 +22,11 @@ import (
 // is a function of the cluster's objects (the addresses they hold first),
 // so every replica serves the same addresses before the leader has written
 // them; a new leader writes what its predecessor had not, on its first
-// round.
+// round. Addresses are written from the status the leader knows: it reads
+// the Services and Gateways afresh when it starts leading, and uses the
+// objects its own writes return until its informers show them (see
+// ownWrites), so that it never gives an address just written to one object
+// to another.
 
 // Election configures leader election. The zero Lease name disables it:
 // the source always writes (one replica).

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -74,6 +75,9 @@ type Source struct {
 	pool *poolMetrics
 
 	problem string // last reported
+	// written are the objects whose status this replica wrote, until its
+	// informers show the write (used by the Run loop only).
+	written ownWrites
 }
 
 // RESTConfig is the configuration of kubeconfig, or the in-cluster one
@@ -366,6 +370,8 @@ func (s *Source) Run(ctx context.Context) error {
 			st.Gateway.TCPRoutes, _ = g.TCPRoutes().Lister().List(labels.Everything())
 			st.Gateway.UDPRoutes, _ = g.UDPRoutes().Lister().List(labels.Everything())
 		}
+		st.Services = withOwnWrites(s.written, "Service", st.Services)
+		st.Gateway.Gateways = withOwnWrites(s.written, "Gateway", st.Gateway.Gateways)
 		return st, nil
 	}
 
@@ -414,8 +420,17 @@ func (s *Source) Run(ctx context.Context) error {
 		return out, perr
 	}
 
-	first := true
+	first, wasLeading := true, false
 	for {
+		if leading := s.lead.writes(); leading && !wasLeading {
+			// The previous leader's last writes may not have reached
+			// this replica's informers yet: a round computed without
+			// them would give the addresses they wrote to others.
+			s.catchUp(ctx, svcs.Lister().List, gwLister(gf))
+			wasLeading = true
+		} else if !leading {
+			wasLeading = false
+		}
 		st, err := read()
 		if err != nil {
 			s.log.Error("Kubernetes state not applied", "error", err)
@@ -481,10 +496,12 @@ func (s *Source) writeStatus(ctx context.Context, st State, out Outcome) {
 		if !s.lead.writes() {
 			return // leadership lost mid-round: the new leader writes
 		}
-		if _, err := s.kube.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		got, err := s.kube.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{})
+		if err != nil {
 			s.statusError("Service", k, err)
 			continue
 		}
+		s.written.note("Service", svc.ResourceVersion, got)
 		for _, e := range so.Events {
 			s.rec.Event(svc, e.Type, e.Reason, e.Message)
 		}
@@ -531,10 +548,12 @@ func (s *Source) writeGatewayStatus(ctx context.Context, st GatewayState, out Ga
 		if !s.lead.writes() {
 			return // leadership lost mid-round: the new leader writes
 		}
-		if _, err := g.Gateways(gw.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		got, err := g.Gateways(gw.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{})
+		if err != nil {
 			s.statusError("Gateway", k, err)
 			continue
 		}
+		s.written.note("Gateway", gw.ResourceVersion, got)
 		for _, e := range out.GatewayEvent[k] {
 			s.rec.Event(gw, e.Type, e.Reason, e.Message)
 		}
@@ -592,4 +611,123 @@ func mergeParents(old, ours []gatewayv1.RouteParentStatus, controller string) []
 		return old
 	}
 	return out
+}
+
+func gwLister(gf gwinformers.SharedInformerFactory) func(labels.Selector) ([]*gatewayv1.Gateway, error) {
+	if gf == nil {
+		return nil
+	}
+	return gf.Gateway().V1().Gateways().Lister().List
+}
+
+// catchUp reads the Services and Gateways from the API server and notes
+// those newer than the informers' as if written by this replica, so that
+// the rounds use them until the informers show them.
+func (s *Source) catchUp(ctx context.Context, svcs func(labels.Selector) ([]*corev1.Service, error), gws func(labels.Selector) ([]*gatewayv1.Gateway, error)) {
+	list, err := s.kube.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		s.log.Warn("Reading the Services afresh on becoming leader", "error", err)
+	} else if known, err := svcs(labels.Everything()); err == nil {
+		noteNewer(&s.written, "Service", known, list.Items)
+	}
+	if gws == nil || s.gw == nil {
+		return
+	}
+	gl, err := s.gw.GatewayV1().Gateways("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		s.log.Warn("Reading the Gateways afresh on becoming leader", "error", err)
+	} else if known, err := gws(labels.Everything()); err == nil {
+		noteNewer(&s.written, "Gateway", known, gl.Items)
+	}
+}
+
+// noteNewer notes the objects of fresh that known lacks or has at an older
+// resourceVersion.
+func noteNewer[T any, PT interface {
+	*T
+	metav1.Object
+}](w *ownWrites, kind string, known []PT, fresh []T) {
+	have := map[types.NamespacedName]string{}
+	for _, o := range known {
+		have[types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}] = o.GetResourceVersion()
+	}
+	for i := range fresh {
+		o := PT(&fresh[i])
+		// One the informer lacks is not added: were it deleted before
+		// the informer saw it, it would be served for ever.
+		rv, ok := have[types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}]
+		if ok && newer(o.GetResourceVersion(), rv) {
+			w.note(kind, rv, o)
+		}
+	}
+}
+
+// ownWrites remembers the objects whose status this replica wrote, each
+// with the resourceVersion it replaced, until the informer shows a newer
+// one. Addresses are allocated from the objects' status: a round computed
+// from an informer that lags behind the replica's own write would see the
+// object without the address just written, give that address to another
+// object (one that sorts first), write it into that one's status (its
+// resourceVersion is current, so the write succeeds) and then move the
+// first object off its advertised address.
+type ownWrites map[ownKey]ownWrite
+
+type ownKey struct {
+	kind string
+	types.NamespacedName
+}
+
+type ownWrite struct {
+	from string // the resourceVersion the write replaced
+	obj  metav1.Object
+}
+
+// note records got, an object of kind that replaced the one at
+// resourceVersion from.
+func (w *ownWrites) note(kind, from string, got metav1.Object) {
+	if got == nil || got.GetResourceVersion() == "" || got.GetResourceVersion() == from {
+		return
+	}
+	if *w == nil {
+		*w = ownWrites{}
+	}
+	(*w)[ownKey{kind, types.NamespacedName{Namespace: got.GetNamespace(), Name: got.GetName()}}] = ownWrite{from, got}
+}
+
+// withOwnWrites replaces the objects of kind that the informer still has
+// at the version a write of ours replaced (or at an older one) by what
+// that write made, and forgets the writes the informer shows (or that a
+// newer change or a deletion of the object made moot).
+func withOwnWrites[T metav1.Object](w ownWrites, kind string, objs []T) []T {
+	if len(w) == 0 {
+		return objs
+	}
+	seen := map[ownKey]bool{}
+	for i, o := range objs {
+		k := ownKey{kind, types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}}
+		e, ok := w[k]
+		if !ok {
+			continue
+		}
+		seen[k] = true
+		if o.GetResourceVersion() != e.from && !newer(e.obj.GetResourceVersion(), o.GetResourceVersion()) {
+			delete(w, k)
+			continue
+		}
+		if t, ok := e.obj.(T); ok {
+			objs[i] = t
+		}
+	}
+	for k := range w {
+		if k.kind == kind && !seen[k] {
+			delete(w, k) // deleted
+		}
+	}
+	return objs
+}
+
+// newer says whether resourceVersion a is known to be newer than b.
+func newer(a, b string) bool {
+	c, err := resourceversion.CompareResourceVersion(a, b)
+	return err == nil && c > 0
 }
