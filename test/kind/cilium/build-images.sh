@@ -188,7 +188,10 @@ step "saving $tarball"
 s=$(date +%s)
 docker save "$agent_image" "$operator_image" | zstd -q -T0 -3 -o "$tarball.tmp"
 mv "$tarball.tmp" "$tarball"
+# Older images of this machine are replaced by these.
 find "$CACHE" -maxdepth 1 -name 'cilium-images-*.tar.zst' ! -name "$(basename "$tarball")" -delete
+docker images --format '{{.Repository}}:{{.Tag}}' l4xds-kind/cilium | grep -vFx "$agent_image" | xargs -r docker rmi >/dev/null 2>&1 || true
+docker images --format '{{.Repository}}:{{.Tag}}' l4xds-kind/operator-generic | grep -vFx "$operator_image" | xargs -r docker rmi >/dev/null 2>&1 || true
 echo "=== build-cilium-images: save took $(($(date +%s) - s))s" >&2
 step "done"
 done_images
