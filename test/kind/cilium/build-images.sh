@@ -65,7 +65,7 @@ envoy_sha=$(sed -nE 's/^ARG CILIUM_ENVOY_IMAGE=([^ ]*)/\1/p' "$cilium_dir/images
 	sed -E 's/[^/]*\/[^:]*:(.*-)?([^:@]*).*/\2/p;d')
 paths=(go.mod go.sum pkg cilium test/kind/cilium/build-images.sh test/kind/cilium/image test/kind/cilium/mcs-api-controllers)
 git_version=$(cd "$repo" && git log -1 --format='%h %aI' -- "${paths[@]}" 2>/dev/null || echo "unknown 1970-01-01T00:00:00Z")
-commit=$(cd "$repo" && git log -1 --format=%H -- "${paths[@]}" 2>/dev/null || true)
+commit=$(git -C "$repo" log -1 --format=%H -- "${paths[@]}" 2>/dev/null) || commit=
 version=$(cd "$repo" && git describe --tags --always 2>/dev/null || echo dev)
 if [ -n "$(cd "$repo" && git status --porcelain -- "${paths[@]}" 2>/dev/null)" ]; then
 	git_version="${git_version% *}-dirty ${git_version#* }"
@@ -78,6 +78,7 @@ fi
 inputs_hash() {
 	{
 		echo "$cilium_version $git_version $version $PACKAGES $(go version)"
+		# shellcheck disable=SC2016 # a Go template, not shell
 		go list -deps -f '{{if .Module}}{{if or (eq .Module.Path "github.com/l4xds/l4xds") (eq .Module.Path "github.com/l4xds/l4xds/cilium")}}{{$d := .Dir}}{{range .GoFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}{{range .CgoFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}{{range .EmbedFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}{{end}}{{end}}' \
 			./cmd/cilium-agent ./cmd/cilium-dbg | grep . | sort | xargs sha256sum | sed "s|$repo/||"
 		(cd "$repo" && sha256sum go.mod go.sum cilium/go.mod cilium/go.sum)
