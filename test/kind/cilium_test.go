@@ -368,6 +368,12 @@ func (c *cluster) ciliumDumpOnFailure(t *testing.T) {
 			out, _ := c.run("kubectl", args...)
 			t.Logf("kubectl %s\n%s", strings.Join(args, " "), out)
 		}
+		// The datapath's drop and forward counters by reason, per node:
+		// where lost flows went.
+		for nodeName, pod := range c.ciliumPods(t) {
+			out, _ := c.run("kubectl", "-n", ciliumNS, "exec", pod, "-c", "cilium-agent", "--", "cilium-dbg", "bpf", "metrics", "list")
+			t.Logf("cilium-dbg bpf metrics list on %s\n%s", nodeName, out)
+		}
 	})
 }
 
