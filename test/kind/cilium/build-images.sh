@@ -66,7 +66,7 @@ envoy_sha=$(sed -nE 's/^ARG CILIUM_ENVOY_IMAGE=([^ ]*)/\1/p' "$cilium_dir/images
 paths=(go.mod go.sum pkg cilium test/kind/cilium/build-images.sh test/kind/cilium/image test/kind/cilium/mcs-api-controllers)
 git_version=$(cd "$repo" && git log -1 --format='%h %aI' -- "${paths[@]}" 2>/dev/null || echo "unknown 1970-01-01T00:00:00Z")
 commit=$(git -C "$repo" log -1 --format=%H -- "${paths[@]}" 2>/dev/null) || commit=
-version=$(cd "$repo" && git describe --tags --always 2>/dev/null || echo dev)
+version=$(git -C "$repo" describe --tags --always "${commit:-HEAD}" 2>/dev/null) || version=dev
 if [ -n "$(cd "$repo" && git status --porcelain -- "${paths[@]}" 2>/dev/null)" ]; then
 	git_version="${git_version% *}-dirty ${git_version#* }"
 	version=$version-dirty
