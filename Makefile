@@ -13,7 +13,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 COMMIT   ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -X github.com/l4xds/l4xds/pkg/version.Version=$(VERSION) -X github.com/l4xds/l4xds/pkg/version.Commit=$(COMMIT)
 
-.PHONY: all build test test-control-plane test-cilium test-kind soak chaos bench bench-cilium fuzz generate demo demo-cilium docs lint clean
+.PHONY: all build test test-control-plane test-cilium test-kind test-kind-cilium soak chaos bench bench-cilium fuzz generate demo demo-cilium docs lint clean
 
 all: build
 
@@ -62,6 +62,13 @@ test-cilium: build
 # (test/kind/README.md). Root only; it skips with a message otherwise.
 test-kind:
 	./test/kind/run.sh
+
+# Cilium v1.20.2 as the CNI of a two-node kind cluster, installed by its own
+# chart with our agent image (test/kind/cilium): images built offline from
+# the Cilium module and cached by content hash, the kind tier's node image.
+# Root only; it skips with a message otherwise.
+test-kind-cilium:
+	./test/kind/cilium/run.sh
 
 # The soak test (test/soak): live TCP and UDP traffic through several VIPs
 # while the control plane rewrites its resources several times a second and
@@ -153,7 +160,7 @@ lint:
 	cd test/kind && $(GO) vet ./...
 	cd $(CP) && $(GO) vet ./...
 	@command -v shellcheck >/dev/null || { echo "shellcheck is missing: apt-get install shellcheck"; exit 1; }
-	shellcheck test/demo.sh test/kind/*.sh test/bench/*.sh .ci/run
+	shellcheck test/demo.sh test/kind/*.sh test/kind/cilium/*.sh test/bench/*.sh .ci/run
 
 clean:
 	rm -rf $(BIN)

@@ -50,7 +50,13 @@ type cluster struct {
 	client string // container on kind's network, outside the nodes
 	work   string
 	nodes  []node
+	// flowTimeout is how long a probe's flow may wait for its answer:
+	// probeTimeout unless a tier sets more.
+	flowTimeout string
 }
+
+// probeTimeout is the time a probed flow has to be answered.
+const probeTimeout = "2s"
 
 type node struct{ name, ip, mac, podCIDR string }
 
@@ -318,6 +324,13 @@ func (c *cluster) route(t *testing.T, n node) {
 	}
 }
 
+func (c *cluster) timeout() string {
+	if c.flowTimeout != "" {
+		return c.flowTimeout
+	}
+	return probeTimeout
+}
+
 func host(addr string) string {
 	h, _, _ := strings.Cut(addr, ":")
 	return h
@@ -328,7 +341,7 @@ func host(addr string) string {
 func (c *cluster) probe(vip, proto string, n int) (probeResult, error) {
 	var r probeResult
 	out, err := exec.Command("docker", "exec", c.client, "l4xds-traffic", "probe", "--to", vip, "--proto", proto,
-		"--flows", fmt.Sprint(n), "--timeout", "2s", "-o", "json").Output()
+		"--flows", fmt.Sprint(n), "--timeout", c.timeout(), "-o", "json").Output()
 	// Exit status 1: some flows failed, and the report says which.
 	if ee, ok := err.(*exec.ExitError); err != nil && (!ok || ee.ExitCode() != 1) {
 		return r, fmt.Errorf("probe %s/%s: %w %s", vip, proto, err, out)
