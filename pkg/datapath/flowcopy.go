@@ -30,6 +30,11 @@ func copyFlows(log *slog.Logger, objs *bpf.L4xdsMaps, staged []string, dir strin
 	if slices.Contains(staged, bpf.L4xdsMapL4xdsServices) || slices.Contains(staged, bpf.L4xdsMapL4xdsBackends) {
 		return nil
 	}
+	if slices.Contains(staged, bpf.L4xdsMapL4xdsStats) {
+		if err := copyStats(log, objs.L4xdsStats, dir); err != nil {
+			return err
+		}
+	}
 	for _, name := range flowMaps {
 		if !slices.Contains(staged, name) {
 			continue
@@ -74,4 +79,36 @@ func copyEntries(from, to *ebpf.Map) (int, error) {
 		n++
 	}
 	return n, it.Err()
+}
+
+// copyStats copies the counters of the pinned stats map into the one made
+// anew for another number of services, so that the service counters go on
+// rather than restart. The service IDs beyond the new map's size have no
+// service (the service map, whose size it follows, holds no such ID).
+func copyStats(log *slog.Logger, to *ebpf.Map, dir string) error {
+	name := bpf.L4xdsMapL4xdsStats
+	from, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned map %s: %w", name, err)
+	}
+	defer from.Close()
+	if from.ValueSize() != to.ValueSize() || from.Type() != to.Type() {
+		return nil // another layout: the counters start at zero
+	}
+	n := min(from.MaxEntries(), to.MaxEntries())
+	var perCPU []bpf.L4xdsLbStats
+	for id := range n {
+		if err := from.Lookup(id, &perCPU); err != nil {
+			return fmt.Errorf("read %s: service %d: %w", name, id, err)
+		}
+		if err := to.Put(id, perCPU); err != nil {
+			return fmt.Errorf("copy %s into its new map: service %d: %w", name, id, err)
+		}
+	}
+	log.Info("Counters copied into the map made anew", "map", name, "entries", n,
+		"from_size", from.MaxEntries(), "to_size", to.MaxEntries())
+	return nil
 }

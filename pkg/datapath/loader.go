@@ -49,6 +49,8 @@ type Datapath struct {
 	// reconciler fills the new ones.
 	staged  []string
 	devices []string
+	// usages are the maps' sizes and memory, not counted.
+	usages MapUsages
 }
 
 // Load loads the datapath with the maps pinned under <cfg.BPFRoot>/l4xds,
@@ -123,6 +125,10 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	if err := keepPinnedSizes(log, spec, dir); err != nil {
 		return nil, err
 	}
+	// The per-CPU counters have a slot per service ID (1..services) and
+	// slot 0: sized by the service map, as pinned or configured, rather
+	// than for every possible ID, as they take value × entries × CPUs.
+	spec.Maps[bpf.L4xdsMapL4xdsStats].MaxEntries = statsEntries(spec.Maps[bpf.L4xdsMapL4xdsServices].MaxEntries)
 	d := &Datapath{dir: dir, mode: mode}
 	if d.staged, err = incompatiblePins(log, spec, dir); err != nil {
 		return nil, err
@@ -144,6 +150,9 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 		return nil, err
 	}
 	d.Maps.removedVIPGrace = cfg.LBRemovedVIPGrace
+	if err := d.logMemory(log, size); err != nil {
+		return nil, err
+	}
 	if err = copyFlows(log, &d.objs.L4xdsMaps, d.staged, dir); err != nil {
 		return nil, err
 	}
@@ -254,6 +263,23 @@ func keepPinnedSizes(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) er
 			spec.Maps[name].MaxEntries = pinned
 		}
 	}
+	return nil
+}
+
+// statsEntries is the size of the stats map for a service map of
+// services entries: a slot per service ID and slot 0.
+func statsEntries(services uint32) uint32 { return min(services, MaxServiceID) + 1 }
+
+// logMemory logs, in one line, the kernel memory of each map when full
+// and the total (see mapBytes), and keeps the maps' usage for the
+// metrics and l4xds-dbg.
+func (d *Datapath) logMemory(log *slog.Logger, maglevSize uint32) error {
+	us, err := usages(&d.objs.L4xdsMaps, d.Maps.possibleCPU, maglevSize)
+	if err != nil {
+		return err
+	}
+	d.usages = us
+	log.Info("Datapath maps memory (bytes when full; per-CPU maps times the possible CPUs)", us.LogAttrs(d.Maps.possibleCPU)...)
 	return nil
 }
 
