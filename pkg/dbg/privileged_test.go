@@ -240,6 +240,11 @@ func TestPrivilegedLBListShowsWhatTheReconcilerWrote(t *testing.T) {
 		"Frontends:   3 (3 Done)",
 		"Backends:    5 (3 active, 1 terminating, 1 quarantined)",
 		"Datapath:    bpf on no devices; maps at " + filepath.Join(a.root, "l4xds") + ": 3 services, 5 backends",
+		"BPF maps:    ",
+		"services       3/4096 (0.1%)",
+		"backends       5/1048576 (0.0%)",
+		"conntrack      0/1048576 (0.0%)",
+		"stats          -/4097",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q", want)

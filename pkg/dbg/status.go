@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -75,6 +76,8 @@ type datapathStatus struct {
 	// Services and Backends in the pinned maps, if they could be read.
 	Services int `json:"services"`
 	Backends int `json:"backends"`
+	// Maps are the pinned maps' fill and memory.
+	Maps datapath.MapUsages `json:"maps,omitempty"`
 	// Error is why the maps could not be read.
 	Error string `json:"error,omitempty"`
 }
@@ -133,6 +136,13 @@ func readDatapathStatus(settings api.Settings, bpfRoot string) datapathStatus {
 			return d
 		}
 		d.Backends++
+	}
+	maglevSize := datapath.DefaultConfig.LBMaglevTableSize
+	if v, err := strconv.ParseUint(settingString(settings, "lb-maglev-table-size"), 10, 32); err == nil {
+		maglevSize = uint(v)
+	}
+	if d.Maps, err = datapath.PinnedMapUsages(bpfRoot, uint32(maglevSize)); err != nil {
+		d.Error = err.Error()
 	}
 	return d
 }
@@ -215,6 +225,13 @@ func printStatus(w io.Writer, v statusView, now time.Time) error {
 
 	// Datapath.
 	t.row("Datapath:", datapathLine(v.Datapath))
+	if len(v.Datapath.Maps) > 0 {
+		total, prealloc := v.Datapath.Maps.Total()
+		t.row("BPF maps:", fmt.Sprintf("%s when full, %s of it allocated whatever they hold", datapath.FormatBytes(total), datapath.FormatBytes(prealloc)))
+		for _, u := range v.Datapath.Maps {
+			t.row("", mapLine(u))
+		}
+	}
 	return t.flush()
 }
 
@@ -294,4 +311,17 @@ func datapathLine(d datapathStatus) string {
 		return s + "not readable: " + d.Error
 	}
 	return s + fmt.Sprintf("%s, %s", plural(d.Services, "service", "services"), plural(d.Backends, "backend", "backends"))
+}
+
+// mapLine is a map's fill and memory: "conntrack 12/1048576 (0.0%) 144.0 MiB".
+func mapLine(u datapath.MapUsage) string {
+	fill := fmt.Sprintf("-/%d", u.Capacity)
+	if p := u.Pressure(); p >= 0 {
+		fill = fmt.Sprintf("%d/%d (%.1f%%)", u.Entries, u.Capacity, 100*p)
+	}
+	alloc := ""
+	if u.Preallocated {
+		alloc = ", allocated"
+	}
+	return fmt.Sprintf("%-14s %-24s %s%s", u.Name, fill, datapath.FormatBytes(u.Bytes), alloc)
 }
