@@ -219,16 +219,21 @@ func (d *Datapath) Close() error {
 }
 
 // ensureBPFFS mounts a BPF filesystem at root unless there is one, as
-// Cilium does: the pins live there.
+// Cilium does: the pins live there. Where only the agent's own directory
+// of it, <root>/l4xds, is mounted (a container given no more of the
+// node's BPF filesystem than that), that directory is enough.
 func ensureBPFFS(log *slog.Logger, root string) error {
+	if own, err := isBPFFS(filepath.Join(root, PinDir)); err == nil && own {
+		return nil
+	}
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return fmt.Errorf("--bpf-root: %w", err)
 	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(root, &st); err != nil {
-		return fmt.Errorf("--bpf-root: statfs %s: %w", root, err)
+	ok, err := isBPFFS(root)
+	if err != nil {
+		return fmt.Errorf("--bpf-root: %w", err)
 	}
-	if uint32(st.Type) == bpfFSMagic {
+	if ok {
 		return nil
 	}
 	if err := syscall.Mount("bpffs", root, "bpf", 0, ""); err != nil {
@@ -236,6 +241,15 @@ func ensureBPFFS(log *slog.Logger, root string) error {
 	}
 	log.Info("Mounted a BPF filesystem at --bpf-root", "path", root)
 	return nil
+}
+
+// isBPFFS reports whether path is on a BPF filesystem.
+func isBPFFS(path string) (bool, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(path, &st); err != nil {
+		return false, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	return uint32(st.Type) == bpfFSMagic, nil
 }
 
 // idMaps are the maps that hold or are keyed by service and backend IDs.
