@@ -63,7 +63,13 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 
 	ops := newOps(p.Log, p.DB, p.Frontends, p.Config.capacity())
 	ops.written = p.Hooks.Written
-	sampler := &mapSampler{log: p.Log}
+	sampler := &mapSampler{log: p.Log, db: p.DB}
+	if p.Hooks.FakeMaps == nil {
+		var err error
+		if sampler.table, err = NewMapsTable(p.DB); err != nil {
+			return nil, err
+		}
+	}
 	var dp *Datapath
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {

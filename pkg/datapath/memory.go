@@ -8,8 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
+	"strconv"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
 	"golang.org/x/sys/unix"
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
@@ -51,6 +56,44 @@ type MapUsage struct {
 	// made, whatever the map holds.
 	Bytes        uint64 `json:"bytes"`
 	Preallocated bool   `json:"preallocated"`
+	// Counted is when Entries were counted; zero when they were not.
+	Counted time.Time `json:"counted,omitzero"`
+}
+
+// MapsTableName is the table of the datapath's maps (--datapath=bpf): one
+// row per map, its usage as last counted.
+const MapsTableName = "bpf-maps"
+
+// MapByName is the primary index of MapsTableName: the short name.
+var MapByName = statedb.Index[*MapUsage, string]{
+	Name: "name",
+	FromObject: func(u *MapUsage) index.KeySet {
+		return index.NewKeySet(index.String(u.Name))
+	},
+	FromKey:    index.String,
+	FromString: index.FromString,
+	Unique:     true,
+}
+
+// NewMapsTable registers MapsTableName in db.
+func NewMapsTable(db *statedb.DB) (statedb.RWTable[*MapUsage], error) {
+	return statedb.NewTable(db, MapsTableName, MapByName)
+}
+
+func (u *MapUsage) TableHeader() []string {
+	return []string{"Name", "Pin", "Type", "Entries", "Capacity", "Pressure", "Bytes", "Preallocated", "Counted"}
+}
+
+func (u *MapUsage) TableRow() []string {
+	entries, pressure, counted := "-", "-", "-"
+	if p := u.Pressure(); p >= 0 {
+		entries, pressure = strconv.Itoa(u.Entries), fmt.Sprintf("%.1f%%", 100*p)
+	}
+	if !u.Counted.IsZero() {
+		counted = u.Counted.UTC().Format(time.RFC3339)
+	}
+	return []string{u.Name, u.Pin, u.Type, entries, strconv.FormatUint(uint64(u.Capacity), 10), pressure,
+		FormatBytes(u.Bytes), strconv.FormatBool(u.Preallocated), counted}
 }
 
 // Pressure is Entries/Capacity, or -1 when the entries are not counted.
@@ -196,6 +239,25 @@ func (us MapUsages) Total() (bytes, preallocated uint64) {
 	return bytes, preallocated
 }
 
+// Counted is when the entries were last counted: the oldest count.
+func (us MapUsages) Counted() time.Time {
+	var t time.Time
+	for _, u := range us {
+		if !u.Counted.IsZero() && (t.IsZero() || u.Counted.Before(t)) {
+			t = u.Counted
+		}
+	}
+	return t
+}
+
+// SortUsages orders us as MapNames.
+func SortUsages(us MapUsages) {
+	idx := func(name string) int {
+		return slices.IndexFunc(MapNames, func(n struct{ Pin, Name string }) bool { return n.Name == name })
+	}
+	slices.SortFunc(us, func(a, b MapUsage) int { return idx(a.Name) - idx(b.Name) })
+}
+
 // LogAttrs are the attributes of the log line of the maps' memory: the
 // totals, then each map's bytes under its short name.
 func (us MapUsages) LogAttrs(cpus int) []any {
@@ -258,6 +320,7 @@ func PinnedMapUsages(bpfRoot string, maglevSize uint32) (MapUsages, error) {
 		u := usageOf(n.Pin, n.Name, m, cpus, inner)
 		if counted(m.Type()) {
 			u.Entries, err = CountEntries(m)
+			u.Counted = time.Now()
 		}
 		m.Close()
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
 )
@@ -29,10 +30,21 @@ import (
 // Prometheus scrapes.
 const mapPressureInterval = 30 * time.Second
 
+// countDutyCycle bounds the time spent counting: after a count that took
+// d, the next one waits at least countDutyCycle × d, so that maps sized
+// for tens of millions of entries cost at most 1 % of a CPU (a count takes
+// about 0.3 s of kernel time per million entries).
+const countDutyCycle = 100
+
 // mapSampler holds the maps' usage, counted every mapPressureInterval,
-// for the metrics.
+// for the metrics and the table MapsTableName.
 type mapSampler struct {
-	log *slog.Logger
+	log   *slog.Logger
+	db    *statedb.DB
+	table statedb.RWTable[*MapUsage]
+
+	// next is when the next count may start (countDutyCycle).
+	next time.Time
 
 	mu   sync.Mutex
 	maps map[string]*ebpf.Map // by pin name; nil before start and after stop
@@ -46,6 +58,7 @@ func (s *mapSampler) set(objs *bpf.L4xdsMaps, us MapUsages) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.maps, s.usages = nil, us
+	s.publish(us)
 	if objs == nil {
 		return nil
 	}
@@ -62,6 +75,16 @@ func (s *mapSampler) set(objs *bpf.L4xdsMaps, us MapUsages) error {
 
 // sample counts the entries of every map but the arrays.
 func (s *mapSampler) sample(ctx context.Context) error {
+	s.mu.Lock()
+	wait := time.Until(s.next)
+	s.mu.Unlock()
+	if wait > 0 {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.maps == nil {
@@ -83,11 +106,28 @@ func (s *mapSampler) sample(ctx context.Context) error {
 			// Keep the last count of the map; the job reports the error.
 			return fmt.Errorf("count the entries of %s: %w", u.Pin, err)
 		}
-		us[i].Entries = n
+		us[i].Entries, us[i].Counted = n, time.Now()
 	}
 	s.usages = us
-	s.log.Debug("Counted the datapath maps' entries", "duration", time.Since(start))
+	s.publish(us)
+	took := time.Since(start)
+	s.next = start.Add(countDutyCycle * took)
+	s.log.Debug("Counted the datapath maps' entries", "duration", took)
 	return nil
+}
+
+// publish writes us into the table, if there is one.
+func (s *mapSampler) publish(us MapUsages) {
+	if s.table == nil {
+		return
+	}
+	txn := s.db.WriteTxn(s.table)
+	s.table.DeleteAll(txn)
+	for i := range us {
+		u := us[i]
+		s.table.Insert(txn, &u)
+	}
+	txn.Commit()
 }
 
 // snapshot is the usage of the last count.
