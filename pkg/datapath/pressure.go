@@ -27,7 +27,7 @@ import (
 // map of 2^20 entries is 256 syscalls, which hold each bucket's lock only
 // while copying it, so the datapath never waits for more than a bucket.
 // Pressure moves with traffic over minutes; every 30 s is as often as
-// Prometheus scrapes.
+// Prometheus scrapes, and countDutyCycle spaces the counts of large maps.
 const mapPressureInterval = 30 * time.Second
 
 // countDutyCycle bounds the time spent counting: after a count that took
