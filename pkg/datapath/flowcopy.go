@@ -22,20 +22,39 @@ var flowMaps = []string{bpf.L4xdsMapL4xdsCt, bpf.L4xdsMapL4xdsCtNew, bpf.L4xdsMa
 // copyFlows fills the flow maps made anew for another size with the
 // entries of their pins, so that established flows keep their backend and
 // their reverse NAT across the change. Not when the ID maps are made anew
-// too: the entries name the old IDs. What the attached program writes
-// into the old maps between this copy and Commit is lost; a flow's next
-// packet writes its entries again. Entries beyond a smaller map's size are
-// evicted, least recently used first.
-func copyFlows(log *slog.Logger, objs *bpf.L4xdsMaps, staged []string, dir string) error {
-	if slices.Contains(staged, bpf.L4xdsMapL4xdsServices) || slices.Contains(staged, bpf.L4xdsMapL4xdsBackends) {
+// with new IDs: the entries name the old ones. With keepIDs (resizePins:
+// the ID maps were made anew for another size alone), the ID maps' entries
+// are copied too, but the Maglev tables, which the reconciler writes anew.
+// What the attached program writes into the old maps between this copy
+// and Commit is lost; a flow's next packet writes its entries again.
+// Entries beyond a smaller map's size are evicted, least recently used
+// first.
+func copyFlows(log *slog.Logger, objs *bpf.L4xdsMaps, staged []string, dir string, keepIDs bool) error {
+	newIDs := slices.Contains(staged, bpf.L4xdsMapL4xdsServices) || slices.Contains(staged, bpf.L4xdsMapL4xdsBackends)
+	if newIDs && !keepIDs {
 		return nil
+	}
+	if keepIDs {
+		if err := copyMaps(log, objs, staged, dir, resizedIDMaps); err != nil {
+			return err
+		}
 	}
 	if slices.Contains(staged, bpf.L4xdsMapL4xdsStats) {
 		if err := copyStats(log, objs.L4xdsStats, dir); err != nil {
 			return err
 		}
 	}
-	for _, name := range flowMaps {
+	return copyMaps(log, objs, staged, dir, flowMaps)
+}
+
+// resizedIDMaps are the ID maps whose entries a resize copies: all but
+// the Maglev tables.
+var resizedIDMaps = []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsBackends, bpf.L4xdsMapL4xdsVips, bpf.L4xdsMapL4xdsSrcrange}
+
+// copyMaps copies the entries of the pins of names into their maps made
+// anew, those staged.
+func copyMaps(log *slog.Logger, objs *bpf.L4xdsMaps, staged []string, dir string, names []string) error {
+	for _, name := range names {
 		if !slices.Contains(staged, name) {
 			continue
 		}

@@ -122,7 +122,8 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 		// expected attach type.
 		spec.Programs[bpf.L4xdsProgL4xdsIngress].AttachType = ebpf.AttachNone
 	}
-	if err := keepPinnedSizes(log, spec, dir); err != nil {
+	keepIDs, err := resizePins(log, spec, dir)
+	if err != nil {
 		return nil, err
 	}
 	// The per-CPU counters have a slot per service ID (1..services) and
@@ -153,7 +154,7 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	if err := d.logMemory(log, size); err != nil {
 		return nil, err
 	}
-	if err = copyFlows(log, &d.objs.L4xdsMaps, d.staged, dir); err != nil {
+	if err = copyFlows(log, &d.objs.L4xdsMaps, d.staged, dir, keepIDs); err != nil {
 		return nil, err
 	}
 	devices, err := resolveDevices(cfg.Devices)
@@ -252,32 +253,101 @@ func isBPFFS(path string) (bool, error) {
 	return uint32(st.Type) == bpfFSMagic, nil
 }
 
-// idMaps are the maps that hold or are keyed by service and backend IDs.
-var idMaps = []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsMaglev, bpf.L4xdsMapL4xdsVips, bpf.L4xdsMapL4xdsBackends}
+// idMapGroups are the maps that hold or are keyed by IDs, by the flag
+// that sizes them; the first of each holds the IDs.
+var idMapGroups = [][]string{
+	{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsMaglev, bpf.L4xdsMapL4xdsVips}, // --lb-service-map-max
+	{bpf.L4xdsMapL4xdsBackends}, // --lb-backend-map-max
+}
 
-// keepPinnedSizes gives the maps that hold IDs the size of their pins: a
-// map made anew at another size would be filled with new IDs while the
-// conntrack entries of established flows name the old ones. A changed
-// --lb-service-map-max or --lb-backend-map-max takes effect once these
-// pins are gone (the agent stopped and <bpf-root>/l4xds removed).
-func keepPinnedSizes(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) error {
-	for _, name := range idMaps {
+// resizePins decides what a changed --lb-service-map-max or
+// --lb-backend-map-max does to the pinned maps. When the IDs in use fit
+// the new size, the maps are made anew at that size (they are then
+// incompatible with their pins, and staged), and keepIDs says that
+// copyFlows copies their entries, IDs and all, so that established
+// flows' conntrack entries still name the right services and backends.
+// When an ID in use is above the new size, the group keeps the size of
+// its pins (the new size takes effect once the pins are removed). Where a
+// pinned map's layout changed (a new agent version), the IDs start over
+// anyway: keepIDs is false.
+func resizePins(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) (keepIDs bool, err error) {
+	resized, relaid := false, false
+	for _, group := range idMapGroups {
+		name := group[0]
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("open pinned map %s: %w", name, err)
+			return false, fmt.Errorf("open pinned map %s: %w", name, err)
 		}
 		pinned, want := m.MaxEntries(), spec.Maps[name].MaxEntries
+		same := spec.Maps[name].Copy()
+		same.MaxEntries = pinned
+		if same.Compatible(m) != nil {
+			m.Close()
+			relaid = true
+			continue
+		}
+		if pinned == want {
+			m.Close()
+			continue
+		}
+		highest, err := highestID(m)
 		m.Close()
-		if pinned != want {
-			log.Warn("A pinned map keeps its size; the new size takes effect once the pinned maps are removed",
-				"map", name, "entries", pinned, "configured", want)
-			spec.Maps[name].MaxEntries = pinned
+		if err != nil {
+			return false, fmt.Errorf("pinned map %s: %w", name, err)
+		}
+		limit := want
+		if name == bpf.L4xdsMapL4xdsServices {
+			limit = min(want, MaxServiceID)
+		}
+		if highest <= limit {
+			log.Info("Pinned map made anew at its new size, with its entries and IDs",
+				"map", name, "entries", pinned, "configured", want, "highest_id", highest)
+			resized = true
+			continue
+		}
+		log.Warn("A pinned map keeps its size: an ID in use is above the new size; the new size takes effect once the pinned maps are removed",
+			"map", name, "entries", pinned, "configured", want, "highest_id", highest)
+		for _, n := range group {
+			if err := keepPinnedSize(spec, dir, n); err != nil {
+				return false, err
+			}
 		}
 	}
-	return nil
+	return resized && !relaid, nil
+}
+
+// keepPinnedSize gives the map name the size of its pin, if it has one.
+func keepPinnedSize(spec *ebpf.CollectionSpec, dir, name string) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned map %s: %w", name, err)
+	}
+	spec.Maps[name].MaxEntries = m.MaxEntries()
+	return m.Close()
+}
+
+// highestID is the highest service ID in a services map (its values
+// name them), or the highest backend ID in a backends map (its keys).
+func highestID(m *ebpf.Map) (uint32, error) {
+	var highest uint32
+	if m.KeySize() == 4 {
+		ids, _, err := collect[uint32, bpf.L4xdsLbBackend](m)
+		for _, id := range ids {
+			highest = max(highest, id)
+		}
+		return highest, err
+	}
+	_, svcs, err := collect[bpf.L4xdsLbSvcKey, bpf.L4xdsLbSvc](m)
+	for _, v := range svcs {
+		highest = max(highest, v.Id)
+	}
+	return highest, err
 }
 
 // statsEntries is the size of the stats map for a service map of
