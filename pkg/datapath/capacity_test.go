@@ -150,13 +150,22 @@ func TestPrivilegedPinnedMapsGrowWithTheirIDs(t *testing.T) {
 	a.upsert(t, &lb.Service{Name: "extra", Source: lb.SourceXDS}, "10.0.0.3:80/TCP")
 	a.initialize(t)
 	a.reconciled(t)
+	// Each map the test reads pinned in place of the old one (Commit
+	// replaces the pins one by one).
 	eventually(t, "the new maps pinned", func() bool {
-		m, err := OpenPinnedMaps(root)
-		if err != nil {
-			return false
+		pinned := map[string]bool{}
+		for _, line := range strings.Split(a.logs.String(), "\n") {
+			if _, name, ok := strings.Cut(line, "New map pinned in place of the incompatible one\" module=datapath map="); ok {
+				pinned[name] = true
+			}
 		}
-		defer m.Close()
-		return m.services.MaxEntries() == uint32(bigger.LBServiceMapMax)
+		for _, name := range []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsBackends, bpf.L4xdsMapL4xdsMaglev,
+			bpf.L4xdsMapL4xdsSrcrange, bpf.L4xdsMapL4xdsVips, bpf.L4xdsMapL4xdsStats, bpf.L4xdsMapL4xdsCt} {
+			if !pinned[name] {
+				return false
+			}
+		}
+		return true
 	})
 	c := readMaps(t, root)
 	if got := c.maps.backends.MaxEntries(); got != uint32(bigger.LBBackendMapMax) {
