@@ -282,7 +282,9 @@ func TestPrivilegedMetricsOfTheMapsPressure(t *testing.T) {
 	needRoot(t)
 	root := bpffs(t)
 	cfg := testConfig(root)
+	// Small maps: a count waits 100 times the last one's duration.
 	cfg.LBServiceMapMax, cfg.LBConntrackNewMax = 10, 1024
+	cfg.LBBackendMapMax, cfg.LBConntrackMax, cfg.LBAffinityMax = 1024, 4096, 1024
 	count := job.NewTrigger()
 	a, reg := startAgentWithRegistry(t, cfg, Hooks{CountMaps: count})
 	a.upsert(t, dbService, "10.1.2.3:3306/TCP")
@@ -294,15 +296,19 @@ func TestPrivilegedMetricsOfTheMapsPressure(t *testing.T) {
 		writeEntry(t, root, bpf.L4xdsMapL4xdsCtNew, k, bpf.L4xdsLbCtEntry{BackendId: 1})
 	}
 	count.Trigger()
-	eventually(t, "the count of conntrack_new", func() bool {
-		return testutil.ToFloat64(gaugeOf(t, reg, "l4xds_datapath_map_pressure", "conntrack_new")) == 0.25
+	// A count that began after the reconciliation (services first) and
+	// reached conntrack_new after the writes; the one at start may still
+	// run.
+	eventually(t, "a count of the services and conntrack_new", func() bool {
+		return testutil.ToFloat64(gaugeOf(t, reg, "l4xds_datapath_map_pressure", "services")) == 0.1 &&
+			testutil.ToFloat64(gaugeOf(t, reg, "l4xds_datapath_map_pressure", "conntrack_new")) == 0.25
 	})
 	want := `
 # HELP l4xds_datapath_map_capacity Entries a BPF map of the datapath holds at most (max_entries)
 # TYPE l4xds_datapath_map_capacity gauge
-l4xds_datapath_map_capacity{map="affinity"} 65536
-l4xds_datapath_map_capacity{map="backends"} 1.048576e+06
-l4xds_datapath_map_capacity{map="conntrack"} 1.048576e+06
+l4xds_datapath_map_capacity{map="affinity"} 1024
+l4xds_datapath_map_capacity{map="backends"} 1024
+l4xds_datapath_map_capacity{map="conntrack"} 4096
 l4xds_datapath_map_capacity{map="conntrack_new"} 1024
 l4xds_datapath_map_capacity{map="fragments"} 8192
 l4xds_datapath_map_capacity{map="maglev"} 10
@@ -314,7 +320,7 @@ l4xds_datapath_map_capacity{map="vips"} 10
 # HELP l4xds_datapath_map_pressure Fill of a BPF map of the datapath: entries / capacity (0..1), counted periodically
 # TYPE l4xds_datapath_map_pressure gauge
 l4xds_datapath_map_pressure{map="affinity"} 0
-l4xds_datapath_map_pressure{map="backends"} 9.5367431640625e-07
+l4xds_datapath_map_pressure{map="backends"} 0.0009765625
 l4xds_datapath_map_pressure{map="conntrack"} 0
 l4xds_datapath_map_pressure{map="conntrack_new"} 0.25
 l4xds_datapath_map_pressure{map="fragments"} 0
