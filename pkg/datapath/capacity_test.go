@@ -3,6 +3,8 @@
 package datapath
 
 import (
+	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -118,40 +120,110 @@ func (a *agent) failsWith(t *testing.T, addr lb.L3n4Addr, want string) {
 	})
 }
 
-// A restarted agent with other map sizes keeps the pinned maps' sizes, and
-// with them the frontends' IDs, which established flows' conntrack entries
-// name: it warns, and its capacity is that of the maps it has.
-func TestPrivilegedPinnedMapsKeepTheirSize(t *testing.T) {
+// A restarted agent with larger map sizes makes the ID maps anew at the
+// new sizes, with the pinned entries copied: the frontends keep their IDs,
+// which established flows' conntrack entries name, and the flows their
+// entries. The previous program forwards with the pinned maps until the
+// new ones are filled.
+func TestPrivilegedPinnedMapsGrowWithTheirIDs(t *testing.T) {
 	needRoot(t)
 	root := bpffs(t)
 	a := startAgent(t, smallMaps(testConfig(root)))
 	a.upsert(t, &lb.Service{Name: "web", Source: lb.SourceXDS}, "10.0.0.1:80/TCP")
-	a.setBackends(t, "web", "192.168.0.1:80")
+	a.setBackends(t, "web", "192.168.0.1:80", "192.168.0.2:80")
 	a.initialize(t)
 	a.reconciled(t)
 	before := readMaps(t, root)
+	flow := bpf.L4xdsLbCtKey{Sport: 40000, Dport: 80, Proto: 6}
+	writeEntry(t, root, bpf.L4xdsMapL4xdsCt, flow, bpf.L4xdsLbCtEntry{BackendId: 1, SvcId: before.services[fe("10.0.0.1:80/TCP")].ID})
 	a.stop(t)
 
 	bigger := testConfig(root)
 	bigger.LBMaglevTableSize = 3
 	a = startAgent(t, bigger)
-	if !strings.Contains(a.logs.String(), "A pinned map keeps its size") {
-		t.Errorf("no warning that the pinned maps keep their sizes")
-	}
-	c := readMaps(t, root)
-	if got := c.maps.services.MaxEntries(); got != 2 {
-		t.Errorf("%s: %d entries after the restart, want the pinned 2", bpf.L4xdsMapL4xdsServices, got)
-	}
-	if got := c.maps.backends.MaxEntries(); got != 4 {
-		t.Errorf("%s: %d entries after the restart, want the pinned 4", bpf.L4xdsMapL4xdsBackends, got)
+	if !strings.Contains(a.logs.String(), "Entries copied into the map made anew") {
+		t.Errorf("no copy of the pinned entries")
 	}
 	a.upsert(t, &lb.Service{Name: "web", Source: lb.SourceXDS}, "10.0.0.1:80/TCP")
-	a.setBackends(t, "web", "192.168.0.1:80")
+	a.setBackends(t, "web", "192.168.0.1:80", "192.168.0.2:80")
 	a.upsert(t, &lb.Service{Name: "db", Source: lb.SourceXDS}, "10.0.0.2:80/TCP")
 	a.upsert(t, &lb.Service{Name: "extra", Source: lb.SourceXDS}, "10.0.0.3:80/TCP")
 	a.initialize(t)
-	a.failsWith(t, fe("10.0.0.3:80/TCP"), "the service map is full: it holds 2 frontends; --lb-service-map-max raises the limit")
-	if got, want := readMaps(t, root).services[fe("10.0.0.1:80/TCP")].ID, before.services[fe("10.0.0.1:80/TCP")].ID; got != want {
+	a.reconciled(t)
+	// Each map the test reads pinned in place of the old one (Commit
+	// replaces the pins one by one).
+	eventually(t, "the new maps pinned", func() bool {
+		pinned := map[string]bool{}
+		for _, line := range strings.Split(a.logs.String(), "\n") {
+			if _, name, ok := strings.Cut(line, "New map pinned in place of the incompatible one\" module=datapath map="); ok {
+				pinned[name] = true
+			}
+		}
+		for _, name := range []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsBackends, bpf.L4xdsMapL4xdsMaglev,
+			bpf.L4xdsMapL4xdsSrcrange, bpf.L4xdsMapL4xdsVips, bpf.L4xdsMapL4xdsStats, bpf.L4xdsMapL4xdsCt} {
+			if !pinned[name] {
+				return false
+			}
+		}
+		return true
+	})
+	c := readMaps(t, root)
+	if got := c.maps.backends.MaxEntries(); got != uint32(bigger.LBBackendMapMax) {
+		t.Errorf("%s: %d entries after the restart, want %d", bpf.L4xdsMapL4xdsBackends, got, bigger.LBBackendMapMax)
+	}
+	if got := c.maps.stats.MaxEntries(); got != uint32(bigger.LBServiceMapMax)+1 {
+		t.Errorf("%s: %d entries after the restart, want %d", bpf.L4xdsMapL4xdsStats, got, bigger.LBServiceMapMax+1)
+	}
+	if got, want := c.services[fe("10.0.0.1:80/TCP")].ID, before.services[fe("10.0.0.1:80/TCP")].ID; got != want {
 		t.Errorf("web's service ID %d after the restart, want %d as before", got, want)
+	}
+	for id, be := range before.backends {
+		if got := c.backends[id]; got.Address != be.Address {
+			t.Errorf("backend %d is %v after the restart, want %v as before", id, got.Address, be.Address)
+		}
+	}
+	// The Maglev tables are not copied: the reconciler writes them anew
+	// before the new program is attached.
+	if _, ok, err := c.maps.MaglevTable(c.services[fe("10.0.0.1:80/TCP")].ID); !ok || err != nil {
+		t.Errorf("web has no Maglev table after the resize (%v)", err)
+	}
+	if len(c.services) != 3 {
+		t.Errorf("%d services after the restart, want web, db and extra", len(c.services))
+	}
+	ct, err := ebpf.LoadPinnedMap(filepath.Join(root, PinDir, bpf.L4xdsMapL4xdsCt), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ct.Close()
+	var entry bpf.L4xdsLbCtEntry
+	if err := ct.Lookup(flow, &entry); err != nil || entry.BackendId != 1 {
+		t.Errorf("the established flow's conntrack entry after the resize: %+v, %v", entry, err)
+	}
+}
+
+// A smaller size than the highest ID in use would orphan the frontends
+// above it: the pinned maps keep their size, with a warning that names it.
+func TestPrivilegedPinnedMapsKeepTheirSizeBelowTheHighestID(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	cfg := testConfig(root)
+	cfg.LBServiceMapMax, cfg.LBMaglevTableSize = 10, 3
+	a := startAgent(t, cfg)
+	for i, addr := range []string{"10.0.0.1:80/TCP", "10.0.0.2:80/TCP", "10.0.0.3:80/TCP"} {
+		name := fmt.Sprint("s", i)
+		a.upsert(t, &lb.Service{Name: lb.ServiceName(name), Source: lb.SourceXDS}, addr)
+		a.setBackends(t, name, "192.168.0.1:80")
+	}
+	a.initialize(t)
+	a.reconciled(t)
+	a.stop(t)
+
+	cfg.LBServiceMapMax = 2
+	a = startAgent(t, cfg)
+	if !strings.Contains(a.logs.String(), "A pinned map keeps its size") || !strings.Contains(a.logs.String(), "highest_id=3") {
+		t.Errorf("no warning that the pinned maps keep their sizes, naming the highest ID")
+	}
+	if got := readMaps(t, root).maps.services.MaxEntries(); got != 10 {
+		t.Errorf("%s: %d entries after the restart, want the pinned 10", bpf.L4xdsMapL4xdsServices, got)
 	}
 }

@@ -84,6 +84,13 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 
 	ops := newOps(p.Log, p.DB, p.Frontends, p.Config.capacity())
 	ops.written = p.Hooks.Written
+	sampler := &mapSampler{log: p.Log, db: p.DB}
+	if p.Hooks.FakeMaps == nil {
+		var err error
+		if sampler.table, err = NewMapsTable(p.DB); err != nil {
+			return nil, err
+		}
+	}
 	var dp *Datapath
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
@@ -100,6 +107,10 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 				dp.Close()
 				return err
 			}
+			if err := sampler.set(&dp.objs.L4xdsMaps, dp.usages); err != nil {
+				dp.Close()
+				return err
+			}
 			return nil
 		},
 		OnStop: func(cell.HookContext) error {
@@ -108,10 +119,11 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 			if dp == nil {
 				return nil
 			}
+			sampler.set(nil, nil)
 			return dp.Close()
 		},
 	})
-	m, err := registerMetrics(p, ops)
+	m, err := registerMetrics(p, ops, sampler)
 	if err != nil {
 		return nil, fmt.Errorf("datapath metrics: %w", err)
 	}
@@ -146,6 +158,13 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 			return nil
 		}))
 	}
+	// The first count at start, then every mapPressureInterval.
+	count := p.Hooks.CountMaps
+	if count == nil {
+		count = job.NewTrigger()
+	}
+	count.Trigger()
+	jobs.Add(job.Timer("count-map-entries", sampler.sample, mapPressureInterval, job.WithTrigger(count)))
 	jobs.Add(job.OneShot("commit-new-maps", func(ctx context.Context, _ cell.Health) error {
 		if dp == nil || !dp.Staged() {
 			return nil

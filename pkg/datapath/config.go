@@ -26,7 +26,8 @@ type Config struct {
 	BPFRoot           string
 	LBMaglevTableSize uint
 	// LBServiceMapMax and LBBackendMapMax size the service map (and those
-	// keyed by service: Maglev tables, VIPs) and the backend map.
+	// keyed by service: Maglev tables, VIPs, the per-CPU counters) and
+	// the backend map.
 	LBServiceMapMax uint
 	LBBackendMapMax uint
 	// LBConntrackMax sizes the conntrack map of established flows,
@@ -83,8 +84,11 @@ var DefaultConfig = Config{
 	DatapathAttach:    AttachAuto,
 	BPFRoot:           "/sys/fs/bpf",
 	LBMaglevTableSize: 1021,
-	LBServiceMapMax:   1 << 16,
-	LBBackendMapMax:   1 << 20,
+	// The per-CPU counters take 96 bytes per service ID and possible
+	// CPU: 4096 frontends are 48 MiB on a 128-CPU node, 65536 would be
+	// 768 MiB.
+	LBServiceMapMax: 1 << 12,
+	LBBackendMapMax: 1 << 20,
 	// Half a million established flows (two entries each); a quarter
 	// as many new ones: under a flood of R new flows a second, a
 	// handshake completes if it takes less than LBConntrackNewMax/(2R).
@@ -107,7 +111,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.StringSlice("devices", def.Devices, "Interfaces the datapath attaches to; auto: those up with a global unicast address at start (the uplink and a CNI bridge)")
 	flags.String("bpf-root", def.BPFRoot, "Mount point of the BPF filesystem; maps are pinned under <bpf-root>/l4xds")
 	flags.Uint("lb-maglev-table-size", def.LBMaglevTableSize, "Size of each service's Maglev lookup table (a prime); a service's usable backends must fit in it")
-	flags.Uint("lb-service-map-max", def.LBServiceMapMax, "Entries of the service map: the most frontends (VIP, port, protocol) the datapath serves")
+	flags.Uint("lb-service-map-max", def.LBServiceMapMax, "Entries of the service map: the most frontends (VIP, port, protocol) the datapath serves; the per-CPU counters take 96 bytes per frontend and possible CPU")
 	flags.Uint("lb-backend-map-max", def.LBBackendMapMax, "Entries of the backend map: the most backends the datapath holds, counted per frontend")
 	flags.Uint("lb-conntrack-max", def.LBConntrackMax, "Entries of the conntrack map of established flows, two per flow (forward and reply); a changed size makes the map anew at start, with the entries of the old one")
 	flags.Uint("lb-conntrack-new-max", def.LBConntrackNewMax, "Entries of the conntrack map of flows not established yet (TCP before the client's ACK of the backend's SYN-ACK, UDP before the backend's first answer), two per flow; floods of new flows churn this map only")

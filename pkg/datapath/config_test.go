@@ -96,7 +96,8 @@ func TestConfigCapacity(t *testing.T) {
 		cfg  Config
 		want capacity
 	}{
-		{DefaultConfig, capacity{services: 65535, backends: 1 << 20, maglevSize: 1021, sourceRanges: 65536}},
+		{DefaultConfig, capacity{services: 4096, backends: 1 << 20, maglevSize: 1021, sourceRanges: 65536}},
+		{withMaps(MaxServiceMapMax, 1<<20), capacity{services: 65535, backends: 1 << 20, maglevSize: 1021, sourceRanges: 65536}},
 		{withMaps(2, 3), capacity{services: 2, backends: 3, maglevSize: 1021, sourceRanges: 65536}},
 	} {
 		if got := c.cfg.capacity(); got != c.want {
@@ -107,8 +108,8 @@ func TestConfigCapacity(t *testing.T) {
 
 func TestConfigDefaultsToTheBPFDatapath(t *testing.T) {
 	if DefaultConfig.Datapath != "bpf" || DefaultConfig.BPFRoot != "/sys/fs/bpf" || DefaultConfig.LBMaglevTableSize != 1021 ||
-		DefaultConfig.LBServiceMapMax != 65536 || DefaultConfig.LBBackendMapMax != 1<<20 || DefaultConfig.LBRemovedVIPGrace != 5*time.Minute ||
+		DefaultConfig.LBServiceMapMax != 4096 || DefaultConfig.LBBackendMapMax != 1<<20 || DefaultConfig.LBRemovedVIPGrace != 5*time.Minute ||
 		DefaultConfig.LBConntrackMax != 1<<20 || DefaultConfig.LBAffinityMax != 1<<16 || DefaultConfig.DatapathAttach != AttachAuto {
-		t.Errorf("defaults %+v, want --datapath=bpf --bpf-root=/sys/fs/bpf --lb-maglev-table-size=1021 --lb-service-map-max=65536 --lb-backend-map-max=1048576 --lb-conntrack-max=1048576 --lb-affinity-max=65536 --datapath-attach=auto (the sizes of the maps before these flags)", DefaultConfig)
+		t.Errorf("defaults %+v, want --datapath=bpf --bpf-root=/sys/fs/bpf --lb-maglev-table-size=1021 --lb-service-map-max=4096 --lb-backend-map-max=1048576 --lb-conntrack-max=1048576 --lb-affinity-max=65536 --datapath-attach=auto (the sizes of the maps before these flags)", DefaultConfig)
 	}
 }

@@ -3,6 +3,7 @@
 package datapath
 
 import (
+	"github.com/cilium/hive/job"
 	"net/netip"
 	"sync"
 
@@ -19,6 +20,10 @@ type Hooks struct {
 	// Written, if set, is called by the reconciler after it has written a
 	// frontend's entries into the maps (every write of the update done).
 	Written func(frontend lb.L3n4Addr)
+	// CountMaps, if set, is the trigger of the count of the maps' entries
+	// (l4xds_datapath_map_pressure), besides its period: a test counts
+	// when it has written.
+	CountMaps job.Trigger
 }
 
 // FakeMaps stand in for the BPF maps where there are none: the reconciler

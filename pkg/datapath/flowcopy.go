@@ -24,16 +24,40 @@ var flowMaps = []string{bpf.L4xdsMapL4xdsCt, bpf.L4xdsMapL4xdsCtNew, bpf.L4xdsMa
 // copyFlows fills the flow maps made anew for another size with the
 // entries of their pins, so that established flows keep their backend and
 // their reverse NAT across the change. Not when the ID maps are made anew
-// too: the entries name the old IDs. What the attached program writes
-// into the old maps between this copy and Commit (right after it when
-// only flow maps are new, see Load) is lost; a flow's next packet writes
-// its entries again. Entries beyond a smaller map's size are
-// evicted, least recently used first (see copyEntries).
-func copyFlows(log *slog.Logger, objs *bpf.L4xdsMaps, staged []string, dir string) error {
-	if slices.Contains(staged, bpf.L4xdsMapL4xdsServices) || slices.Contains(staged, bpf.L4xdsMapL4xdsBackends) {
+// with new IDs: the entries name the old ones. With keepIDs (resizePins:
+// the ID maps were made anew for another size alone), the ID maps' entries
+// are copied too, but the Maglev tables, which the reconciler writes anew.
+// What the attached program writes into the old maps between this copy
+// and Commit (right after it when only flow maps are new, see Load) is
+// lost; a flow's next packet writes its entries again. Entries beyond a
+// smaller map's size are evicted, least recently used first (see
+// copyEntries).
+func copyFlows(log *slog.Logger, objs *bpf.L4xdsMaps, staged []string, dir string, keepIDs bool) error {
+	newIDs := slices.Contains(staged, bpf.L4xdsMapL4xdsServices) || slices.Contains(staged, bpf.L4xdsMapL4xdsBackends)
+	if newIDs && !keepIDs {
 		return nil
 	}
-	for _, name := range flowMaps {
+	if keepIDs {
+		if err := copyMaps(log, objs, staged, dir, resizedIDMaps); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(staged, bpf.L4xdsMapL4xdsStats) {
+		if err := copyStats(log, objs.L4xdsStats, dir); err != nil {
+			return err
+		}
+	}
+	return copyMaps(log, objs, staged, dir, flowMaps)
+}
+
+// resizedIDMaps are the ID maps whose entries a resize copies: all but
+// the Maglev tables.
+var resizedIDMaps = []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsBackends, bpf.L4xdsMapL4xdsVips, bpf.L4xdsMapL4xdsSrcrange}
+
+// copyMaps copies the entries of the pins of names into their maps made
+// anew, those staged.
+func copyMaps(log *slog.Logger, objs *bpf.L4xdsMaps, staged []string, dir string, names []string) error {
+	for _, name := range names {
 		if !slices.Contains(staged, name) {
 			continue
 		}
@@ -119,4 +143,36 @@ func copyByLastUse(from, to *ebpf.Map) (int, error) {
 		}
 	}
 	return len(entries), nil
+}
+
+// copyStats copies the counters of the pinned stats map into the one made
+// anew for another number of services, so that the service counters go on
+// rather than restart. The service IDs beyond the new map's size have no
+// service (the service map, whose size it follows, holds no such ID).
+func copyStats(log *slog.Logger, to *ebpf.Map, dir string) error {
+	name := bpf.L4xdsMapL4xdsStats
+	from, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned map %s: %w", name, err)
+	}
+	defer from.Close()
+	if from.ValueSize() != to.ValueSize() || from.Type() != to.Type() {
+		return nil // another layout: the counters start at zero
+	}
+	n := min(from.MaxEntries(), to.MaxEntries())
+	var perCPU []bpf.L4xdsLbStats
+	for id := range n {
+		if err := from.Lookup(id, &perCPU); err != nil {
+			return fmt.Errorf("read %s: service %d: %w", name, id, err)
+		}
+		if err := to.Put(id, perCPU); err != nil {
+			return fmt.Errorf("copy %s into its new map: service %d: %w", name, id, err)
+		}
+	}
+	log.Info("Counters copied into the map made anew", "map", name, "entries", n,
+		"from_size", from.MaxEntries(), "to_size", to.MaxEntries())
+	return nil
 }

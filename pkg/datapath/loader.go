@@ -50,6 +50,8 @@ type Datapath struct {
 	// reconciler fills the new ones.
 	staged  []string
 	devices []string
+	// usages are the maps' sizes and memory, not counted.
+	usages MapUsages
 }
 
 // Load loads the datapath with the maps pinned under <cfg.BPFRoot>/l4xds,
@@ -134,9 +136,14 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 		// expected attach type.
 		spec.Programs[bpf.L4xdsProgL4xdsIngress].AttachType = ebpf.AttachNone
 	}
-	if err := keepPinnedSizes(log, spec, dir); err != nil {
+	keepIDs, err := resizePins(log, spec, dir)
+	if err != nil {
 		return nil, err
 	}
+	// The per-CPU counters have a slot per service ID (1..services) and
+	// slot 0: sized by the service map, as pinned or configured, rather
+	// than for every possible ID, as they take value × entries × CPUs.
+	spec.Maps[bpf.L4xdsMapL4xdsStats].MaxEntries = statsEntries(spec.Maps[bpf.L4xdsMapL4xdsServices].MaxEntries)
 	d := &Datapath{dir: dir, mode: mode}
 	if d.staged, err = incompatiblePins(log, spec, dir); err != nil {
 		return nil, err
@@ -158,7 +165,10 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 		return nil, err
 	}
 	d.Maps.removedVIPGrace = cfg.LBRemovedVIPGrace
-	if err = copyFlows(log, &d.objs.L4xdsMaps, d.staged, dir); err != nil {
+	if err := d.logMemory(log, size); err != nil {
+		return nil, err
+	}
+	if err = copyFlows(log, &d.objs.L4xdsMaps, d.staged, dir, keepIDs); err != nil {
 		return nil, err
 	}
 	devices, err := resolveDevices(cfg.Devices)
@@ -235,16 +245,21 @@ func (d *Datapath) Close() error {
 }
 
 // ensureBPFFS mounts a BPF filesystem at root unless there is one, as
-// Cilium does: the pins live there.
+// Cilium does: the pins live there. Where only the agent's own directory
+// of it, <root>/l4xds, is mounted (a container given no more of the
+// node's BPF filesystem than that), that directory is enough.
 func ensureBPFFS(log *slog.Logger, root string) error {
+	if own, err := isBPFFS(filepath.Join(root, PinDir)); err == nil && own {
+		return nil
+	}
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return fmt.Errorf("--bpf-root: %w", err)
 	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(root, &st); err != nil {
-		return fmt.Errorf("--bpf-root: statfs %s: %w", root, err)
+	ok, err := isBPFFS(root)
+	if err != nil {
+		return fmt.Errorf("--bpf-root: %w", err)
 	}
-	if uint32(st.Type) == bpfFSMagic {
+	if ok {
 		return nil
 	}
 	if err := syscall.Mount("bpffs", root, "bpf", 0, ""); err != nil {
@@ -254,31 +269,126 @@ func ensureBPFFS(log *slog.Logger, root string) error {
 	return nil
 }
 
-// idMaps are the maps that hold or are keyed by service and backend IDs.
-var idMaps = []string{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsMaglev, bpf.L4xdsMapL4xdsVips, bpf.L4xdsMapL4xdsBackends}
+// isBPFFS reports whether path is on a BPF filesystem.
+func isBPFFS(path string) (bool, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(path, &st); err != nil {
+		return false, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	return uint32(st.Type) == bpfFSMagic, nil
+}
 
-// keepPinnedSizes gives the maps that hold IDs the size of their pins: a
-// map made anew at another size would be filled with new IDs while the
-// conntrack entries of established flows name the old ones. A changed
-// --lb-service-map-max or --lb-backend-map-max takes effect once these
-// pins are gone (the agent stopped and <bpf-root>/l4xds removed).
-func keepPinnedSizes(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) error {
-	for _, name := range idMaps {
+// idMapGroups are the maps that hold or are keyed by IDs, by the flag
+// that sizes them; the first of each holds the IDs.
+var idMapGroups = [][]string{
+	{bpf.L4xdsMapL4xdsServices, bpf.L4xdsMapL4xdsMaglev, bpf.L4xdsMapL4xdsVips}, // --lb-service-map-max
+	{bpf.L4xdsMapL4xdsBackends}, // --lb-backend-map-max
+}
+
+// resizePins decides what a changed --lb-service-map-max or
+// --lb-backend-map-max does to the pinned maps. When the IDs in use fit
+// the new size, the maps are made anew at that size (they are then
+// incompatible with their pins, and staged), and keepIDs says that
+// copyFlows copies their entries, IDs and all, so that established
+// flows' conntrack entries still name the right services and backends.
+// When an ID in use is above the new size, the group keeps the size of
+// its pins (the new size takes effect once the pins are removed). Where a
+// pinned map's layout changed (a new agent version), the IDs start over
+// anyway: keepIDs is false.
+func resizePins(log *slog.Logger, spec *ebpf.CollectionSpec, dir string) (keepIDs bool, err error) {
+	resized, relaid := false, false
+	for _, group := range idMapGroups {
+		name := group[0]
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("open pinned map %s: %w", name, err)
+			return false, fmt.Errorf("open pinned map %s: %w", name, err)
 		}
 		pinned, want := m.MaxEntries(), spec.Maps[name].MaxEntries
+		same := spec.Maps[name].Copy()
+		same.MaxEntries = pinned
+		if same.Compatible(m) != nil {
+			m.Close()
+			relaid = true
+			continue
+		}
+		if pinned == want {
+			m.Close()
+			continue
+		}
+		highest, err := highestID(m)
 		m.Close()
-		if pinned != want {
-			log.Warn("A pinned map keeps its size; the new size takes effect once the pinned maps are removed",
-				"map", name, "entries", pinned, "configured", want)
-			spec.Maps[name].MaxEntries = pinned
+		if err != nil {
+			return false, fmt.Errorf("pinned map %s: %w", name, err)
+		}
+		limit := want
+		if name == bpf.L4xdsMapL4xdsServices {
+			limit = min(want, MaxServiceID)
+		}
+		if highest <= limit {
+			log.Info("Pinned map made anew at its new size, with its entries and IDs",
+				"map", name, "entries", pinned, "configured", want, "highest_id", highest)
+			resized = true
+			continue
+		}
+		log.Warn("A pinned map keeps its size: an ID in use is above the new size; the new size takes effect once the pinned maps are removed",
+			"map", name, "entries", pinned, "configured", want, "highest_id", highest)
+		for _, n := range group {
+			if err := keepPinnedSize(spec, dir, n); err != nil {
+				return false, err
+			}
 		}
 	}
+	return resized && !relaid, nil
+}
+
+// keepPinnedSize gives the map name the size of its pin, if it has one.
+func keepPinnedSize(spec *ebpf.CollectionSpec, dir, name string) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned map %s: %w", name, err)
+	}
+	spec.Maps[name].MaxEntries = m.MaxEntries()
+	return m.Close()
+}
+
+// highestID is the highest service ID in a services map (its values
+// name them), or the highest backend ID in a backends map (its keys).
+func highestID(m *ebpf.Map) (uint32, error) {
+	var highest uint32
+	if m.KeySize() == 4 {
+		ids, _, err := collect[uint32, bpf.L4xdsLbBackend](m)
+		for _, id := range ids {
+			highest = max(highest, id)
+		}
+		return highest, err
+	}
+	_, svcs, err := collect[bpf.L4xdsLbSvcKey, bpf.L4xdsLbSvc](m)
+	for _, v := range svcs {
+		highest = max(highest, v.Id)
+	}
+	return highest, err
+}
+
+// statsEntries is the size of the stats map for a service map of
+// services entries: a slot per service ID and slot 0.
+func statsEntries(services uint32) uint32 { return min(services, MaxServiceID) + 1 }
+
+// logMemory logs, in one line, the kernel memory of each map when full
+// and the total (see mapBytes), and keeps the maps' usage for the
+// metrics and l4xds-dbg.
+func (d *Datapath) logMemory(log *slog.Logger, maglevSize uint32) error {
+	us, err := usages(&d.objs.L4xdsMaps, d.Maps.possibleCPU, maglevSize)
+	if err != nil {
+		return err
+	}
+	d.usages = us
+	log.Info("Datapath maps memory (bytes when full; per-CPU maps times the possible CPUs)", us.LogAttrs(d.Maps.possibleCPU)...)
 	return nil
 }
 

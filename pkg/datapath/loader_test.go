@@ -255,6 +255,7 @@ func TestPrivilegedPinnedMaglevOfUnmappableTablesIsRecreated(t *testing.T) {
 		t.Fatalf("the inner map template has flags %#x, want BPF_F_MMAPABLE", old.InnerMap.Flags)
 	}
 	old.InnerMap.Flags &^= unix.BPF_F_MMAPABLE
+	old.MaxEntries = uint32(DefaultConfig.LBServiceMapMax) // the size is not what changed
 	dir := filepath.Join(root, PinDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)

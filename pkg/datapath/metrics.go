@@ -26,6 +26,15 @@ import (
 //	l4xds_datapath_service_packets_total{frontend,service} counter
 //	l4xds_datapath_service_bytes_total{frontend,service}   counter
 //	l4xds_datapath_service_drops_total{frontend,service,reason} counter
+//	l4xds_datapath_map_capacity{map}                       gauge: max entries
+//	l4xds_datapath_map_pressure{map}                       gauge: entries / capacity, 0..1
+//	l4xds_datapath_map_memory_bytes{map}                   gauge: kernel memory when full
+//
+// map is the map's short name (MapNames): services, backends, maglev,
+// vips, old_vips, source_ranges, conntrack, conntrack_new, affinity,
+// fragments, stats. The stats map (an array: every slot exists) has
+// capacity and memory but no pressure; the entries are counted every
+// mapPressureInterval, not at scrape time.
 //
 // The service counters are read at scrape time from the per-CPU stats map,
 // summed over the CPUs: one series per frontend in the services map
@@ -64,6 +73,9 @@ type metrics struct {
 	perFrontend bool
 
 	frontendsDesc, packetsDesc, bytesDesc, dropsDesc *prometheus.Desc
+
+	capacityDesc, pressureDesc, memoryDesc *prometheus.Desc
+	sampler                                *mapSampler // nil in tests without one
 
 	// mu keeps the maps open while a scrape reads them.
 	mu   sync.RWMutex
@@ -108,6 +120,12 @@ func newMetrics(db *statedb.DB, frontends statedb.Table[*lb.Frontend]) *metrics 
 			"Bytes forwarded to a backend, per frontend", []string{"frontend", "service"}, nil),
 		dropsDesc: prometheus.NewDesc(metricsPrefix+"service_drops_total",
 			"Packets to a VIP dropped or rejected, per frontend and reason", []string{"frontend", "service", "reason"}, nil),
+		capacityDesc: prometheus.NewDesc(metricsPrefix+"map_capacity",
+			"Entries a BPF map of the datapath holds at most (max_entries)", []string{"map"}, nil),
+		pressureDesc: prometheus.NewDesc(metricsPrefix+"map_pressure",
+			"Fill of a BPF map of the datapath: entries / capacity (0..1), counted periodically", []string{"map"}, nil),
+		memoryDesc: prometheus.NewDesc(metricsPrefix+"map_memory_bytes",
+			"Kernel memory of a BPF map of the datapath when full, estimated (per-CPU maps for all possible CPUs)", []string{"map"}, nil),
 	}
 	// Both series exist before the first reconciliation.
 	m.reconcileDuration.WithLabelValues(reconciler.OpUpdate)
@@ -118,9 +136,10 @@ func newMetrics(db *statedb.DB, frontends statedb.Table[*lb.Frontend]) *metrics 
 // registerMetrics makes the datapath's metrics and registers them in the
 // agent's registry, if it has one. Its hook comes after the loader's: the
 // maps are read from its start until its stop, before they are closed.
-func registerMetrics(p params, o *ops) (*metrics, error) {
+func registerMetrics(p params, o *ops, sampler *mapSampler) (*metrics, error) {
 	m := newMetrics(p.DB, p.Frontends)
 	m.perFrontend = p.Config.DatapathServiceMetrics
+	m.sampler = sampler
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error { m.setMaps(o.pinned); return nil },
 		OnStop:  func(cell.HookContext) error { m.setMaps(nil); return nil },
@@ -166,6 +185,9 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.packetsDesc
 	ch <- m.bytesDesc
 	ch <- m.dropsDesc
+	ch <- m.capacityDesc
+	ch <- m.pressureDesc
+	ch <- m.memoryDesc
 }
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
@@ -184,6 +206,16 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	for s, n := range counts {
 		ch <- prometheus.MustNewConstMetric(m.frontendsDesc, prometheus.GaugeValue, float64(n), s)
+	}
+
+	if m.sampler != nil {
+		for _, u := range m.sampler.snapshot() {
+			ch <- prometheus.MustNewConstMetric(m.capacityDesc, prometheus.GaugeValue, float64(u.Capacity), u.Name)
+			ch <- prometheus.MustNewConstMetric(m.memoryDesc, prometheus.GaugeValue, float64(u.Bytes), u.Name)
+			if p := u.Pressure(); p >= 0 {
+				ch <- prometheus.MustNewConstMetric(m.pressureDesc, prometheus.GaugeValue, p, u.Name)
+			}
+		}
 	}
 
 	m.mu.RLock()

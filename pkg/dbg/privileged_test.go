@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -243,6 +244,25 @@ func TestPrivilegedLBListShowsWhatTheReconcilerWrote(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q", want)
+		}
+	}
+	// The agent's table of its maps, which status reads.
+	table, err := dbg(t, "--socket", a.socket, "statedb", "bpf-maps")
+	t.Logf("l4xds-dbg statedb bpf-maps:\n%s", table)
+	if err != nil || !regexp.MustCompile(`(?m)^conntrack +l4xds_ct +LRUHash +0 +1048576 +0\.0% +144\.0 MiB +true +\S+`).MatchString(table) {
+		t.Errorf("statedb bpf-maps (%v) lacks conntrack's row", err)
+	}
+	// The maps as the agent last counted them (at its start, and every
+	// 30 s): the capacities, the entries of that count.
+	for _, want := range []string{
+		`(?m)^BPF maps: +[0-9.]+ MiB when full, [0-9.]+ MiB of it allocated whatever they hold; entries counted [0-9.]+m?s ago$`,
+		`(?m)^ +services +[0-3]/4096 \([0-9.]+%\) +[0-9.]+ KiB$`,
+		`(?m)^ +backends +[0-5]/1048576 \(0\.0%\) +104\.0 MiB$`,
+		`(?m)^ +conntrack +0/1048576 \(0\.0%\) +144\.0 MiB, allocated$`,
+		`(?m)^ +stats +-/4097 +[0-9.]+ KiB, allocated$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("status does not match %s", want)
 		}
 	}
 }

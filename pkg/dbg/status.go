@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -82,6 +83,8 @@ type datapathStatus struct {
 	// Services and Backends in the pinned maps, if they could be read.
 	Services int `json:"services"`
 	Backends int `json:"backends"`
+	// Maps are the pinned maps' fill and memory.
+	Maps datapath.MapUsages `json:"maps,omitempty"`
 	// Error is why the maps could not be read.
 	Error string `json:"error,omitempty"`
 }
@@ -107,7 +110,34 @@ func readStatus(ctx context.Context, c *api.Client, bpfRoot string) (statusView,
 		}
 	}
 	v.Datapath = readDatapathStatus(settings, bpfRoot)
+	if v.Datapath.Mode == "bpf" && v.Datapath.Error == "" {
+		v.Datapath.Maps, v.Datapath.Error = readMaps(ctx, c, settings, bpfRoot)
+	}
 	return v, nil
+}
+
+// readMaps is the agent's table of its maps, as it last counted them
+// (every 30 s, at most 1 % of a CPU). From an agent without the table, the
+// pinned maps are counted here, which takes about 0.3 s per million
+// entries.
+func readMaps(ctx context.Context, c *api.Client, settings api.Settings, bpfRoot string) (datapath.MapUsages, string) {
+	var rows datapath.MapUsages
+	if err := c.Table(ctx, datapath.MapsTableName, &rows); err == nil {
+		datapath.SortUsages(rows)
+		return rows, ""
+	}
+	if bpfRoot == "" {
+		bpfRoot = settingString(settings, "bpf-root")
+	}
+	maglevSize := datapath.DefaultConfig.LBMaglevTableSize
+	if v, err := strconv.ParseUint(settingString(settings, "lb-maglev-table-size"), 10, 32); err == nil {
+		maglevSize = uint(v)
+	}
+	us, err := datapath.PinnedMapUsages(bpfRoot, uint32(maglevSize))
+	if err != nil {
+		return nil, err.Error()
+	}
+	return us, ""
 }
 
 // readDatapathStatus counts what the pinned maps hold; an agent on the same
@@ -241,6 +271,17 @@ func printStatus(w io.Writer, v statusView, now time.Time) error {
 
 	// Datapath.
 	t.row("Datapath:", datapathLine(v.Datapath))
+	if len(v.Datapath.Maps) > 0 {
+		total, prealloc := v.Datapath.Maps.Total()
+		line := fmt.Sprintf("%s when full, %s of it allocated whatever they hold", datapath.FormatBytes(total), datapath.FormatBytes(prealloc))
+		if counted := v.Datapath.Maps.Counted(); !counted.IsZero() {
+			line += fmt.Sprintf("; entries counted %s ago", age(now.Sub(counted)))
+		}
+		t.row("BPF maps:", line)
+		for _, u := range v.Datapath.Maps {
+			t.row("", mapLine(u))
+		}
+	}
 	return t.flush()
 }
 
@@ -320,4 +361,17 @@ func datapathLine(d datapathStatus) string {
 		return s + "not readable: " + d.Error
 	}
 	return s + fmt.Sprintf("%s, %s", plural(d.Services, "service", "services"), plural(d.Backends, "backend", "backends"))
+}
+
+// mapLine is a map's fill and memory: "conntrack 12/1048576 (0.0%) 144.0 MiB".
+func mapLine(u datapath.MapUsage) string {
+	fill := fmt.Sprintf("-/%d", u.Capacity)
+	if p := u.Pressure(); p >= 0 {
+		fill = fmt.Sprintf("%d/%d (%.1f%%)", u.Entries, u.Capacity, 100*p)
+	}
+	alloc := ""
+	if u.Preallocated {
+		alloc = ", allocated"
+	}
+	return fmt.Sprintf("%-14s %-24s %s%s", u.Name, fill, datapath.FormatBytes(u.Bytes), alloc)
 }

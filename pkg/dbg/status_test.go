@@ -84,7 +84,12 @@ func TestStatusSummarizesOnOneScreen(t *testing.T) {
 			frontend("10.1.2.4:80/TCP", "web", reconciler.StatusError(errString("write l4xds_backends: no space left on device"))),
 		},
 		Backends: backends(lb.BackendStateActive, lb.BackendStateActive, lb.BackendStateTerminating),
-		Datapath: datapathStatus{Mode: "bpf", Devices: []string{"eth0", "eth1"}, PinDir: "/sys/fs/bpf/l4xds", Services: 2, Backends: 3},
+		Datapath: datapathStatus{Mode: "bpf", Devices: []string{"eth0", "eth1"}, PinDir: "/sys/fs/bpf/l4xds", Services: 2, Backends: 3,
+			Maps: datapath.MapUsages{
+				{Name: "services", Capacity: 4096, Entries: 2, Bytes: 1 << 20},
+				{Name: "conntrack", Capacity: 1 << 20, Entries: 1 << 19, Bytes: 144 << 20, Preallocated: true},
+				{Name: "stats", Capacity: 4097, Entries: -1, Bytes: 3 << 20, Preallocated: true},
+			}},
 	}
 
 	degraded := statusView{
@@ -129,6 +134,10 @@ Frontends:    2 (1 Done, 1 Error)
               Error 10.1.2.4:80/TCP (web): write l4xds_backends: no space left on device
 Backends:     3 (2 active, 1 terminating)
 Datapath:     bpf on eth0, eth1; maps at /sys/fs/bpf/l4xds: 2 services, 3 backends
+BPF maps:     148.0 MiB when full, 147.0 MiB of it allocated whatever they hold
+              services       2/4096 (0.0%)            1.0 MiB
+              conntrack      524288/1048576 (50.0%)   144.0 MiB, allocated
+              stats          -/4097                   3.0 MiB, allocated
 `,
 		},
 		{

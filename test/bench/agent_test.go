@@ -64,6 +64,8 @@ func startAgent(tb testing.TB, srv *server, protocol string) *agent {
 	}
 	hooks := datapath.Hooks{Written: a.written}
 	dpConfig := datapath.DefaultConfig
+	// The largest shapes have more frontends than the default.
+	dpConfig.LBServiceMapMax = datapath.MaxServiceMapMax
 	if useBPF() {
 		a.bpfRoot = netns.MountBPFFS(tb)
 		dpConfig.BPFRoot = a.bpfRoot

@@ -88,6 +88,8 @@ func startAgentProcess(tb testing.TB, agentBin string, srv *server, protocol str
 		"--bpf-root", root,
 		"--api-socket", socket,
 		"--datapath-attach", netns.DatapathAttach(),
+		// The largest shapes have more frontends than the default.
+		"--lb-service-map-max", strconv.Itoa(datapath.MaxServiceMapMax),
 	)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	if err := p.cmd.Start(); err != nil {

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/utils/ptr"
 )
 
 // The capabilities the agent may have, and the ones it cannot work without
@@ -57,6 +56,11 @@ func TestDefaultValues(t *testing.T) {
 		"datapath":                 "bpf",
 		"bpf-root":                 "/sys/fs/bpf",
 		"lb-maglev-table-size":     "1021",
+		"lb-service-map-max":       "4096",
+		"lb-backend-map-max":       "1048576",
+		"lb-conntrack-max":         "1048576",
+		"lb-conntrack-new-max":     "262144",
+		"lb-affinity-max":          "65536",
 		"api-socket":               "/var/run/l4xds/agent.sock",
 		// The uplink and the CNI bridge, detected by the agent: with eth0
 		// alone, pod backends' replies came up cni0 unseen and were
@@ -72,6 +76,11 @@ func TestDefaultValues(t *testing.T) {
 	}
 	if pc := ds.Spec.Template.Spec.PriorityClassName; pc != "system-node-critical" {
 		t.Errorf("priorityClassName %q", pc)
+	}
+	// Cilium's SELinux type for its agent: container_t may not use bpf(2)
+	// nor write on the bpffs.
+	if sc := ds.Spec.Template.Spec.Containers[0].SecurityContext; sc.SELinuxOptions == nil || sc.SELinuxOptions.Type != "spc_t" || sc.SELinuxOptions.Level != "s0" {
+		t.Errorf("seLinuxOptions %+v, want type spc_t, level s0", sc.SELinuxOptions)
 	}
 	if len(ds.Spec.Template.Spec.Containers[0].Ports) != 0 {
 		t.Errorf("metrics off by default, yet the agent has ports %v", ds.Spec.Template.Spec.Containers[0].Ports)
@@ -167,6 +176,11 @@ func TestFullValues(t *testing.T) {
 		"devices":                             "eth0,eth1",
 		"bpf-root":                            "/run/l4xds/bpffs",
 		"lb-maglev-table-size":                "16381",
+		"lb-service-map-max":                  "20000",
+		"lb-backend-map-max":                  "2000000",
+		"lb-conntrack-max":                    "4194304",
+		"lb-conntrack-new-max":                "1048576",
+		"lb-affinity-max":                     "131072",
 		"api-socket":                          "/run/l4xds/api/agent.sock",
 		"prometheus-serve-addr":               ":9971",
 		"datapath-service-metrics":            "false",
@@ -214,8 +228,12 @@ func TestFullValues(t *testing.T) {
 	if ds.Spec.UpdateStrategy.RollingUpdate == nil || ds.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable.String() != "10%" {
 		t.Errorf("updateStrategy %+v", ds.Spec.UpdateStrategy)
 	}
-	if pod.SecurityContext == nil || pod.SecurityContext.SeccompProfile == nil || pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+	if pod.SecurityContext == nil || pod.SecurityContext.SeccompProfile == nil || pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault ||
+		pod.SecurityContext.FSGroup == nil {
 		t.Errorf("podSecurityContext %+v not applied", pod.SecurityContext)
+	}
+	if se := agent.SecurityContext.SELinuxOptions; se == nil || se.Type != "l4xds_t" || se.Level != "s0:c1" {
+		t.Errorf("seLinuxOptions %+v not applied", se)
 	}
 	if !strings.Contains(r.Notes, "l4xds-control-plane.kube-system.svc:9000") || !strings.Contains(r.Notes, "--socket /run/l4xds/api/agent.sock") {
 		t.Errorf("NOTES.txt does not name the server or the API socket:\n%s", r.Notes)
@@ -265,6 +283,12 @@ func checkAgent(t *testing.T, r *rendered) *corev1.ConfigMap {
 	}
 
 	sc := agent.SecurityContext
+	// The runtime's default seccomp profile, which allows bpf(2) to a
+	// container with CAP_BPF or CAP_SYS_ADMIN (containerd 1.6.9 and 1.7).
+	if (pod.SecurityContext == nil || pod.SecurityContext.SeccompProfile == nil || pod.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault) &&
+		(sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault) {
+		t.Errorf("no RuntimeDefault seccomp profile: pod %+v, container %+v", pod.SecurityContext, sc)
+	}
 	switch {
 	case sc == nil || sc.Privileged == nil || *sc.Privileged:
 		t.Error("the agent must say privileged: false")
@@ -294,13 +318,26 @@ func checkAgent(t *testing.T, r *rendered) *corev1.ConfigMap {
 	}
 	checkAgentConfig(t, cm.Data)
 
-	// The bpffs of the node at --bpf-root, seeing mounts made by the node.
+	// Of the node's bpffs, the agent's own directory alone, where the
+	// agent pins (<bpf-root>/l4xds), on a tmpfs at --bpf-root that holds
+	// nothing else: the pins of other programs on the node (Cilium's,
+	// say) are not in the container.
+	root, own := cm.Data["bpf-root"], filepath.Join(cm.Data["bpf-root"], "l4xds")
 	bpf := volumeMount(t, agent, "bpf-maps")
-	if v := volume(t, pod, "bpf-maps"); v.HostPath == nil || v.HostPath.Path != cm.Data["bpf-root"] || bpf.MountPath != cm.Data["bpf-root"] {
-		t.Errorf("bpffs volume %+v mounted at %s, want the node's %s", v.VolumeSource, bpf.MountPath, cm.Data["bpf-root"])
+	if v := volume(t, pod, "bpf-maps"); v.HostPath == nil || v.HostPath.Path != own || bpf.MountPath != own {
+		t.Errorf("bpffs volume %+v mounted at %s, want the node's %s", v.VolumeSource, bpf.MountPath, own)
 	}
-	if bpf.MountPropagation == nil || *bpf.MountPropagation != corev1.MountPropagationHostToContainer {
-		t.Errorf("bpffs mount propagation %s, want HostToContainer", ptr.Deref(bpf.MountPropagation, "None"))
+	if bpf.MountPropagation != nil && *bpf.MountPropagation != corev1.MountPropagationNone {
+		t.Errorf("bpffs mount propagation %s, want none: the agent's directory holds what the agent pins, nothing mounted", *bpf.MountPropagation)
+	}
+	rootMount := volumeMount(t, agent, "bpf-root")
+	if v := volume(t, pod, "bpf-root"); v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory || rootMount.MountPath != root {
+		t.Errorf("bpf-root volume %+v mounted at %s, want a tmpfs at %s", v.VolumeSource, rootMount.MountPath, root)
+	}
+	for _, v := range pod.Volumes {
+		if v.HostPath != nil && (v.HostPath.Path == root || strings.HasPrefix(root, v.HostPath.Path+"/")) {
+			t.Errorf("volume %s mounts the node's %s: all of its bpffs", v.Name, v.HostPath.Path)
+		}
 	}
 	// The API socket's directory on the node.
 	socket := cm.Data["api-socket"]
