@@ -98,10 +98,12 @@ var DefaultConfig = Config{
 	// Longer than a client's SYN retries (about 2 minutes on Linux) and
 	// than the withdrawal of the VIP's route is expected to take.
 	LBRemovedVIPGrace: 5 * time.Minute,
-	// Linux's limit of the ICMP errors a node sends (icmp_msgs_per_sec,
-	// icmp_msgs_burst).
-	LBRejectRate:           1000,
-	LBRejectBurst:          50,
+	// Ten times Linux's limit of the ICMP errors a host sends
+	// (icmp_msgs_per_sec, icmp_msgs_burst): a load balancer refuses for
+	// many clients at once (a service whose backends are all gone), and
+	// 10,000 refusals of at most 90 bytes are under 1 MB/s of reflection.
+	LBRejectRate:           10000,
+	LBRejectBurst:          1000,
 	DatapathServiceMetrics: true,
 }
 

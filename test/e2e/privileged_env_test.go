@@ -187,7 +187,11 @@ func (e *lbEnv) startAgent(t *testing.T) {
 		"--xds-ca-cert-path", e.path("certs/ca.crt"),
 		"--api-socket", e.socket,
 		"--datapath", "bpf", "--devices", netns.ClientDevice + "," + netns.BridgeDevice,
-		"--bpf-root", e.bpfRoot}
+		"--bpf-root", e.bpfRoot,
+		// The flows of a test are new flows in quick succession: a
+		// reject share's refusals must not meet the node's limit
+		// (TestRejectsAreRateLimited of pkg/datapath/bpf proves it).
+		"--lb-reject-rate", "1000000", "--lb-reject-burst", "1000000"}
 	args = append(args, netns.DatapathAttachArgs()...)
 	e.agent = startIn(t, e.top, e.topo.LB, filepath.Join(e.bin, "l4xds-agent"), append(args, e.agentArgs...)...)
 	if m := netns.DatapathAttach(); m != "auto" {
