@@ -129,6 +129,8 @@ func NewServer(opts Options) *Server {
 		// for ACKs (32 KiB each by default).
 		grpc.SharedWriteBuffer(true),
 		grpc.ReadBufferSize(readBufferSize),
+		// SotW responses share their resources' encoding (see codec).
+		grpc.ForceServerCodecV2(newCodec()),
 	}
 	if opts.TLS != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(opts.TLS)))

@@ -16,6 +16,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -65,6 +66,8 @@ type sharedSet struct {
 	members map[*sotwResource]struct{}
 	anys    []*anypb.Any
 	err     error
+	// encoded is anys as field 2 of a DiscoveryResponse (see codec).
+	encoded []byte
 }
 
 type sotwWatch struct {
@@ -95,6 +98,11 @@ func (c *sotwCache) update(toUpdate map[string]types.Resource, toDelete []string
 	defer c.mu.Unlock()
 	c.version++
 	version := c.versionLocked()
+	for _, sets := range c.sets {
+		for _, s := range sets {
+			unregisterSet(s)
+		}
+	}
 	clear(c.sets)
 	var errs []error
 	for name, res := range toUpdate {
@@ -257,6 +265,14 @@ func (c *sotwCache) setLocked(rs []*sotwResource) *sharedSet {
 			continue
 		}
 		s.anys = append(s.anys, r.any)
+	}
+	if s.err == nil {
+		// The encoding of a set is only an optimisation: without one
+		// (it failed) the codec encodes each response on its own.
+		if enc, err := proto.Marshal(&discovery.DiscoveryResponse{Resources: s.anys}); err == nil {
+			s.encoded = enc
+			registerSet(s)
+		}
 	}
 	c.sets[fp] = append(c.sets[fp], s)
 	return s
