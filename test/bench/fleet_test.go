@@ -294,6 +294,13 @@ func startFleetServer(tb testing.TB, bin, certs, file, addr string, extra ...str
 			"--cert", filepath.Join(certs, devcerts.ServerCert), "--key", filepath.Join(certs, devcerts.ServerKey),
 			"--client-ca", filepath.Join(certs, devcerts.CACert), "--log-level", "info"}, extra...)...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		// L4XDS_BENCH_FLEET_SERVER_GOGC is the server's GOGC alone: its
+		// resident memory is its live heap and stacks plus the heap's
+		// growth allowed before a collection (GOGC percent of the live
+		// heap, 100 by default).
+		if v := os.Getenv("L4XDS_BENCH_FLEET_SERVER_GOGC"); v != "" {
+			cmd.Env = append(os.Environ(), "GOGC="+v)
+		}
 		p, err := netns.StartProc("l4xds-control-plane", cmd)
 		if err != nil {
 			tb.Fatal(err)
