@@ -144,7 +144,20 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 		}
 		return true
 	}
-	waitFleet(tb, "every stream synced", 5*time.Minute, func() bool { return synced(1) })
+	// progress says how far the fleet got, when a wait times out.
+	progress := func(round int) string {
+		var behind, connected int
+		for _, n := range nodes {
+			if n.round.Load() < int64(round) {
+				behind++
+			}
+			if n.connected.Load() {
+				connected++
+			}
+		}
+		return fmt.Sprintf("%d of %d streams lack round %d, %d connected", behind, len(nodes), round, connected)
+	}
+	waitFleet(tb, "every stream synced", 5*time.Minute, func() bool { return synced(1) }, func() string { return progress(1) })
 	f := fleet{streams: streams, shape: s}
 	f.rssPerStream = (procStatus(tb, cp.Cmd.Process.Pid, "VmRSS") - rssBefore) / int64(streams)
 
@@ -174,7 +187,7 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 		cpu := procCPU(tb, cp.Cmd.Process.Pid)
 		start := time.Now()
 		writeFleetState(tb, file, s, c)
-		waitFleet(tb, fmt.Sprintf("change %d on every stream", c), 5*time.Minute, func() bool { return synced(1 + c) })
+		waitFleet(tb, fmt.Sprintf("change %d on every stream", c), 5*time.Minute, func() bool { return synced(1 + c) }, func() string { return progress(1 + c) })
 		f.cpuPerChange += (procCPU(tb, cp.Cmd.Process.Pid) - cpu) / time.Duration(streams*changes)
 		for _, n := range nodes {
 			f.latencies = append(f.latencies, n.at(1+c).Sub(start))
@@ -215,12 +228,17 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 	return f
 }
 
-func waitFleet(tb testing.TB, what string, timeout time.Duration, cond func() bool) {
+// waitFleet waits for cond; describe, if given, tells how far it got.
+func waitFleet(tb testing.TB, what string, timeout time.Duration, cond func() bool, describe ...func() string) {
 	tb.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %s waiting for %s", timeout, what)
+			var got string
+			for _, d := range describe {
+				got = ": " + d()
+			}
+			tb.Fatalf("timed out after %s waiting for %s%s", timeout, what, got)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
