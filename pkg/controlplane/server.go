@@ -46,10 +46,9 @@ const (
 	KeepaliveMinTime = 10 * time.Second
 )
 
-// writeBufferSize is what a connection's flush takes from a pool (see
-// grpc.SharedWriteBuffer): a TLS record's worth, so that thousands of
-// streams sent a change at once hold half of gRPC's 32 KiB each.
-const writeBufferSize = 16 << 10
+// readBufferSize is each connection's read buffer: a request is a few
+// hundred bytes, a NACK's message a few KiB.
+const readBufferSize = 4 << 10
 
 // maxConnectionAgeGrace lets a stream whose connection reached its age end
 // (a response being sent completes); none without an age.
@@ -126,12 +125,10 @@ func NewServer(opts Options) *Server {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
 		// A node's stream idles between responses and sends small
 		// requests: the write buffer is taken from a pool for each flush
-		// rather than kept per connection, and there is no read buffer
-		// (32 KiB each by default): TLS decrypts a whole record into a
-		// buffer of its own, which gRPC's framer reads from.
+		// rather than kept per connection, and the read buffer is sized
+		// for ACKs (32 KiB each by default).
 		grpc.SharedWriteBuffer(true),
-		grpc.WriteBufferSize(writeBufferSize),
-		grpc.ReadBufferSize(0),
+		grpc.ReadBufferSize(readBufferSize),
 		// SotW responses share their resources' encoding (see codec).
 		grpc.ForceServerCodecV2(newCodec()),
 	}
