@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -123,6 +124,7 @@ type serveFlags struct {
 	insecure            bool
 	logLevel, logFormat string
 	skipValidation      bool
+	pprof               bool
 }
 
 func serveCommand(stderr io.Writer) *cobra.Command {
@@ -197,6 +199,7 @@ certificates expire).`,
 	fl.StringVar(&f.resources, "resources", "", "YAML or JSON file of Envoy resources to serve and follow (required)")
 	fl.StringVar(&f.listen, "listen", ":9000", "host:port to accept xDS clients on (the agents' --xds-server-address)")
 	fl.StringVar(&f.healthListen, "health-listen", "", `host:port of the plaintext HTTP /healthz, /readyz and /metrics, e.g. :9001 (the chart's); none when empty`)
+	fl.BoolVar(&f.pprof, "pprof", false, "also serve Go's profiles (net/http/pprof) under /debug/pprof/ on --health-listen, for profiling; they reveal the process's internals to anyone who can reach that port")
 	fl.StringVar(&f.cert, "cert", "", "server certificate (PEM); re-read when it changes")
 	fl.StringVar(&f.key, "key", "", "server private key (PEM); re-read when it changes")
 	fl.StringVar(&f.clientCA, "client-ca", "", "CA certificates (PEM) that client certificates must chain to; re-read when it changes")
@@ -257,6 +260,9 @@ func prepare(f serveFlags, stderr io.Writer) (*server, error) {
 		if s.kube, err = kubesource.RESTConfig(f.kubeconfig); err != nil {
 			return nil, err
 		}
+	}
+	if f.pprof && f.healthListen == "" {
+		return nil, errors.New("--pprof needs --health-listen: the profiles are served there")
 	}
 	if f.leaderElect && !kube {
 		return nil, errors.New("--leader-elect needs --kubeconfig or --in-cluster: the Lease is in the cluster")
@@ -319,6 +325,13 @@ func (s *server) run(ctx context.Context, lis, hlis net.Listener) error {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.Handle("/", health)
+		if f.pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			log.Info("Serving health and metrics", "address", hlis.Addr().String(), "paths", "/healthz /readyz /metrics")

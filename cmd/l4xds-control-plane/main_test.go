@@ -73,6 +73,7 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"serve", "--resources", bad, "--insecure", "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"}, bad + `: document 1 (cluster "a"): unknown field "prot" (line 3)`},
 		{[]string{"serve", "--resources", good, "--insecure", "--log-level", "loud"}, "--log-level"},
 		{[]string{"serve", "--resources", good, "--insecure", "--log-format", "yaml"}, `--log-format "yaml": want "text" or "json"`},
+		{[]string{"serve", "--resources", good, "--insecure", "--pprof"}, "--pprof needs --health-listen"},
 		{[]string{"certs"}, "--out is required"},
 	}
 	for _, tt := range tests {
@@ -372,5 +373,14 @@ func TestServeFileIsReady(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics has no %q:\n%s", want, body)
 		}
+	}
+	// Profiles only with --pprof.
+	resp, err = hc.Get("http://" + healthAddr + "/debug/pprof/goroutine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		t.Errorf("/debug/pprof/goroutine served without --pprof")
 	}
 }

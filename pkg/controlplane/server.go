@@ -130,6 +130,8 @@ func NewServer(opts Options) *Server {
 		// for ACKs (32 KiB each by default).
 		grpc.SharedWriteBuffer(true),
 		grpc.ReadBufferSize(readBufferSize),
+		// SotW responses share their resources' encoding (see codec).
+		grpc.ForceServerCodecV2(newCodec()),
 	}
 	if opts.TLS != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(opts.TLS)))
@@ -250,7 +252,7 @@ func (s *Server) Set(res Resources) error {
 	defer s.mu.Unlock()
 
 	typeURLs := slices.Sorted(maps.Keys(unionKeys(s.current, res)))
-	caches := make(map[string]*cache.LinearCache, len(typeURLs))
+	caches := make(map[string]*typeCache, len(typeURLs))
 	for _, typeURL := range typeURLs {
 		c, err := s.caches.get(typeURL)
 		if err != nil {
@@ -283,11 +285,11 @@ func (s *Server) Set(res Resources) error {
 			continue
 		}
 		// Noted before the cache answers its watches: an ACK may come
-		// back before UpdateResources returns.
+		// back before the update returns.
 		s.cb.published.publish(typeURL, s.caches.updated(typeURL), time.Now())
-		if err := caches[typeURL].UpdateResources(toUpdate, toDelete); err != nil {
-			// The cache holds the new state; only notifying some watches
-			// failed.
+		if err := caches[typeURL].update(toUpdate, toDelete); err != nil {
+			// The cache holds the new state; only marshalling some
+			// resources or notifying some watches failed.
 			errs = append(errs, fmt.Errorf("updating %s: %w", typeURL, err))
 		}
 		updated += len(toUpdate)
@@ -314,7 +316,7 @@ func unionKeys(a, b Resources) map[string]struct{} {
 	return out
 }
 
-// typeCaches is a cache.Cache holding one LinearCache per type URL, made on
+// typeCaches is a cache.Cache holding the caches of each type URL, made on
 // first use. Unlike cache.MuxCache, a request for a type the file does not
 // (yet) have gets an empty cache and so an open watch, not a failed stream.
 type typeCaches struct {
@@ -322,21 +324,33 @@ type typeCaches struct {
 	log    *cacheLogger
 
 	mu     sync.Mutex
-	byType map[string]*cache.LinearCache
-	// updates counts each type's UpdateResources: its LinearCache's
-	// version is the prefix and this count.
+	byType map[string]*typeCache
+	// updates counts each type's updates: its caches' version is the
+	// prefix and this count.
 	updates map[string]uint64
+}
+
+// typeCache holds one type's resources twice: a sotwCache answers SotW
+// streams, a LinearCache Delta ones.
+type typeCache struct {
+	sotw  *sotwCache
+	delta *cache.LinearCache
+}
+
+// update sets and deletes resources in both caches.
+func (c *typeCache) update(toUpdate map[string]types.Resource, toDelete []string) error {
+	return errors.Join(c.sotw.update(toUpdate, toDelete), c.delta.UpdateResources(toUpdate, toDelete))
 }
 
 var _ cache.Cache = (*typeCaches)(nil)
 
 func newTypeCaches(prefix string, logger *slog.Logger) *typeCaches {
-	return &typeCaches{prefix: prefix, log: &cacheLogger{logger}, byType: map[string]*cache.LinearCache{}, updates: map[string]uint64{}}
+	return &typeCaches{prefix: prefix, log: &cacheLogger{logger}, byType: map[string]*typeCache{}, updates: map[string]uint64{}}
 }
 
-// updated counts an update of typeURL's cache, about to be made, and
-// returns the version the cache gives it (LinearCache counts its updates
-// from 1 after the prefix).
+// updated counts an update of typeURL's caches, about to be made, and
+// returns the version they give it (both count their updates from 1 after
+// the prefix).
 func (t *typeCaches) updated(typeURL string) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -347,7 +361,7 @@ func (t *typeCaches) updated(typeURL string) string {
 // get returns the cache of typeURL, made on first use. Caches are made only
 // for registered message types, so that clients cannot grow the server by
 // asking for made-up type URLs.
-func (t *typeCaches) get(typeURL string) (*cache.LinearCache, error) {
+func (t *typeCaches) get(typeURL string) (*typeCache, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if c, ok := t.byType[typeURL]; ok {
@@ -356,7 +370,10 @@ func (t *typeCaches) get(typeURL string) (*cache.LinearCache, error) {
 	if _, err := protoregistry.GlobalTypes.FindMessageByURL(typeURL); err != nil {
 		return nil, fmt.Errorf("type %q is not served", typeURL)
 	}
-	c := cache.NewLinearCache(typeURL, cache.WithVersionPrefix(t.prefix), cache.WithLogger(t.log))
+	c := &typeCache{
+		sotw:  newSotwCache(typeURL, t.prefix),
+		delta: cache.NewLinearCache(typeURL, cache.WithVersionPrefix(t.prefix), cache.WithLogger(t.log)),
+	}
 	t.byType[typeURL] = c
 	return c, nil
 }
@@ -366,7 +383,7 @@ func (t *typeCaches) CreateWatch(req *cache.Request, sub cache.Subscription, ch 
 	if err != nil {
 		return nil, err
 	}
-	return c.CreateWatch(req, sub, ch)
+	return c.sotw.CreateWatch(req, sub, ch)
 }
 
 func (t *typeCaches) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, ch chan cache.DeltaResponse) (func(), error) {
@@ -374,25 +391,30 @@ func (t *typeCaches) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscri
 	if err != nil {
 		return nil, err
 	}
-	return c.CreateDeltaWatch(req, sub, ch)
+	return c.delta.CreateDeltaWatch(req, sub, ch)
 }
 
-func (t *typeCaches) Fetch(ctx context.Context, req *cache.Request) (cache.Response, error) {
-	c, err := t.get(req.GetTypeUrl())
-	if err != nil {
-		return nil, err
-	}
-	return c.Fetch(ctx, req)
+func (t *typeCaches) Fetch(context.Context, *cache.Request) (cache.Response, error) {
+	return nil, errors.New("fetch is not implemented")
 }
 
 // cacheLogger adapts go-control-plane's logger to slog. Its Info messages
-// are per-watch chatter, hence Debug.
+// are per-watch chatter, hence Debug. A message is formatted only when its
+// level is enabled: the caches log every watch with the names it
+// subscribes to, a sorted map of every resource, under their lock.
 type cacheLogger struct{ l *slog.Logger }
 
-func (c *cacheLogger) Debugf(f string, args ...any) { c.l.Debug(fmt.Sprintf(f, args...)) }
-func (c *cacheLogger) Infof(f string, args ...any)  { c.l.Debug(fmt.Sprintf(f, args...)) }
-func (c *cacheLogger) Warnf(f string, args ...any)  { c.l.Warn(fmt.Sprintf(f, args...)) }
-func (c *cacheLogger) Errorf(f string, args ...any) { c.l.Error(fmt.Sprintf(f, args...)) }
+func (c *cacheLogger) Debugf(f string, args ...any) { c.log(slog.LevelDebug, f, args) }
+func (c *cacheLogger) Infof(f string, args ...any)  { c.log(slog.LevelDebug, f, args) }
+func (c *cacheLogger) Warnf(f string, args ...any)  { c.log(slog.LevelWarn, f, args) }
+func (c *cacheLogger) Errorf(f string, args ...any) { c.log(slog.LevelError, f, args) }
+
+func (c *cacheLogger) log(level slog.Level, f string, args []any) {
+	if !c.l.Enabled(context.Background(), level) {
+		return
+	}
+	c.l.Log(context.Background(), level, fmt.Sprintf(f, args...))
+}
 
 // callbacks log stream life and every ACK and NACK, and count them when
 // metrics is set. Clients send their node only in the first request of a

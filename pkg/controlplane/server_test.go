@@ -535,7 +535,7 @@ func TestServerSetAfterACacheError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the ACK to open a new watch", func() bool { return clusters.NumWildcardWatches() == 1 })
+	eventually(t, "the ACK to open a new watch", func() bool { return clusters.delta.NumWildcardWatches() == 1 })
 
 	bad := cloneResources(cfp)
 	// Invalid UTF-8 in a string field: proto.Marshal refuses it.

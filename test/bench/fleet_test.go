@@ -3,11 +3,14 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,7 +111,15 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 	}
 	file := filepath.Join(dir, "resources.json")
 	writeFleetState(tb, file, s, 0)
-	cp := startFleetServer(tb, filepath.Join(bin, "l4xds-control-plane"), dir, file, "127.0.0.1:0")
+	// L4XDS_BENCH_FLEET_PROFILE=DIR writes the server's heap profile once
+	// every stream is synced and its CPU profile over the changes
+	// (L4XDS_BENCH_FLEET_PROFILE_SECONDS, 30) into DIR.
+	profileDir := os.Getenv("L4XDS_BENCH_FLEET_PROFILE")
+	var extra []string
+	if profileDir != "" {
+		extra = []string{"--health-listen", "127.0.0.1:0", "--pprof"}
+	}
+	cp := startFleetServer(tb, filepath.Join(bin, "l4xds-control-plane"), dir, file, "127.0.0.1:0", extra...)
 	addr := cp.addr
 	rssBefore := procStatus(tb, cp.Cmd.Process.Pid, "VmRSS")
 
@@ -133,21 +144,61 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 		}
 		return true
 	}
-	waitFleet(tb, "every stream synced", 5*time.Minute, func() bool { return synced(1) })
+	// progress says how far the fleet got, when a wait times out.
+	progress := func(round int) string {
+		var behind, connected int
+		for _, n := range nodes {
+			if n.round.Load() < int64(round) {
+				behind++
+			}
+			if n.connected.Load() {
+				connected++
+			}
+		}
+		return fmt.Sprintf("%d of %d streams lack round %d, %d connected", behind, len(nodes), round, connected)
+	}
+	waitFleet(tb, "every stream synced", 5*time.Minute, func() bool { return synced(1) }, func() string { return progress(1) })
 	f := fleet{streams: streams, shape: s}
 	f.rssPerStream = (procStatus(tb, cp.Cmd.Process.Pid, "VmRSS") - rssBefore) / int64(streams)
 
+	var cpuProfile chan error
+	if profileDir != "" {
+		m := healthRE.FindStringSubmatch(cp.Output())
+		if m == nil {
+			tb.Fatalf("no health address in the control plane's output:\n%s", cp.Output())
+		}
+		base := "http://" + m[1] + "/debug/pprof/"
+		for _, p := range []string{"heap", "goroutine"} {
+			if err := fetchProfile(base+p, filepath.Join(profileDir, p+"-rest.pb.gz")); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		if err := fetchProfile("http://"+m[1]+"/metrics", filepath.Join(profileDir, "metrics-rest.txt")); err != nil {
+			tb.Fatal(err)
+		}
+		seconds := cmp.Or(os.Getenv("L4XDS_BENCH_FLEET_PROFILE_SECONDS"), "30")
+		cpuProfile = make(chan error, 1)
+		go func() {
+			cpuProfile <- fetchProfile(base+"profile?seconds="+seconds, filepath.Join(profileDir, "cpu-changes.pb.gz"))
+		}()
+		time.Sleep(time.Second) // the profile has started
+	}
 	for c := 1; c <= changes; c++ {
 		cpu := procCPU(tb, cp.Cmd.Process.Pid)
 		start := time.Now()
 		writeFleetState(tb, file, s, c)
-		waitFleet(tb, fmt.Sprintf("change %d on every stream", c), 5*time.Minute, func() bool { return synced(1 + c) })
+		waitFleet(tb, fmt.Sprintf("change %d on every stream", c), 5*time.Minute, func() bool { return synced(1 + c) }, func() string { return progress(1 + c) })
 		f.cpuPerChange += (procCPU(tb, cp.Cmd.Process.Pid) - cpu) / time.Duration(streams*changes)
 		for _, n := range nodes {
 			f.latencies = append(f.latencies, n.at(1+c).Sub(start))
 		}
 	}
 	slices.Sort(f.latencies)
+	if cpuProfile != nil {
+		if err := <-cpuProfile; err != nil {
+			tb.Fatal(err)
+		}
+	}
 
 	// The restart storm: every stream reconnects at once to a new process.
 	cp.Kill()
@@ -177,12 +228,17 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 	return f
 }
 
-func waitFleet(tb testing.TB, what string, timeout time.Duration, cond func() bool) {
+// waitFleet waits for cond; describe, if given, tells how far it got.
+func waitFleet(tb testing.TB, what string, timeout time.Duration, cond func() bool, describe ...func() string) {
 	tb.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %s waiting for %s", timeout, what)
+			var got string
+			for _, d := range describe {
+				got = ": " + d()
+			}
+			tb.Fatalf("timed out after %s waiting for %s%s", timeout, what, got)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -216,7 +272,31 @@ func writeFleetState(tb testing.TB, path string, s shape, r int) {
 	}
 }
 
-var servingRE = regexp.MustCompile(`msg="Serving xDS" address=(\S+)`)
+var (
+	servingRE = regexp.MustCompile(`msg="Serving xDS" address=(\S+)`)
+	healthRE  = regexp.MustCompile(`msg="Serving health and metrics" address=(\S+)`)
+)
+
+// fetchProfile writes what url answers to path.
+func fetchProfile(url, path string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, resp.Body); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
 
 type fleetServer struct {
 	*netns.Proc
@@ -225,13 +305,20 @@ type fleetServer struct {
 
 // startFleetServer runs the control plane on addr ("…:0" for any port),
 // retrying while a killed predecessor's address is not free yet.
-func startFleetServer(tb testing.TB, bin, certs, file, addr string) *fleetServer {
+func startFleetServer(tb testing.TB, bin, certs, file, addr string, extra ...string) *fleetServer {
 	tb.Helper()
 	for attempt := 0; ; attempt++ {
-		cmd := exec.Command(bin, "serve", "--resources", file, "--listen", addr,
+		cmd := exec.Command(bin, append([]string{"serve", "--resources", file, "--listen", addr,
 			"--cert", filepath.Join(certs, devcerts.ServerCert), "--key", filepath.Join(certs, devcerts.ServerKey),
-			"--client-ca", filepath.Join(certs, devcerts.CACert), "--log-level", "info")
+			"--client-ca", filepath.Join(certs, devcerts.CACert), "--log-level", "info"}, extra...)...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		// L4XDS_BENCH_FLEET_SERVER_GOGC is the server's GOGC alone: its
+		// resident memory is its live heap and stacks plus the heap's
+		// growth allowed before a collection (GOGC percent of the live
+		// heap, 100 by default).
+		if v := os.Getenv("L4XDS_BENCH_FLEET_SERVER_GOGC"); v != "" {
+			cmd.Env = append(os.Environ(), "GOGC="+v)
+		}
 		p, err := netns.StartProc("l4xds-control-plane", cmd)
 		if err != nil {
 			tb.Fatal(err)
