@@ -25,6 +25,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 )
 
@@ -63,6 +64,11 @@ var kinds = map[string]struct {
 	"RoleBinding":        {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.RoleBinding) }},
 	// More than one replica.
 	"PodDisruptionBudget": {"policy/v1", func() any { return new(policyv1.PodDisruptionBudget) }},
+	// tls.auto: Helm's certificates, or cert-manager's (their schema is
+	// the CRDs', which the kind tier applies to a real API server).
+	"Secret":      {"v1", func() any { return new(corev1.Secret) }},
+	"Issuer":      {"cert-manager.io/v1", func() any { return new(unstructured.Unstructured) }},
+	"Certificate": {"cert-manager.io/v1", func() any { return new(unstructured.Unstructured) }},
 }
 
 // clusterScoped are the kinds of kinds that have no namespace; every other
