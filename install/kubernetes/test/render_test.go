@@ -109,7 +109,12 @@ func capabilities() *chartutil.Capabilities {
 // renderRelease is render for a release of another name.
 func renderRelease(t *testing.T, name string, values map[string]any) (*rendered, error) {
 	t.Helper()
-	chrt := loadChart(t)
+	return renderChart(t, loadChart(t), name, values)
+}
+
+// renderChart is renderRelease for a chart loaded otherwise (a package).
+func renderChart(t *testing.T, chrt *chart.Chart, name string, values map[string]any) (*rendered, error) {
+	t.Helper()
 	caps := capabilities()
 	opts := chartutil.ReleaseOptions{Name: name, Namespace: namespace, Revision: 1, IsInstall: true}
 	top, err := chartutil.ToRenderValues(chrt, values, opts, caps)
