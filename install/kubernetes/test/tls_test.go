@@ -13,6 +13,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -517,5 +520,33 @@ func TestTLSAutoRejects(t *testing.T) {
 				t.Fatalf("error %v, want %q", err, c.want)
 			}
 		})
+	}
+}
+
+// The docs' trial values (Documentation/kubernetes.md, the kind tier's
+// install) render for a release of any name with tls.auto.method=helm's
+// certificates.
+func TestDocsTrialValues(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(repoRoot, docsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var trial string
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(# trial\\.yaml\n.*?)```").FindAllStringSubmatch(string(doc), -1) {
+		trial = m[1]
+	}
+	if trial == "" {
+		t.Fatalf("%s has no ```yaml block starting with # trial.yaml", docsFile)
+	}
+	vals, err := chartutil.ReadValues([]byte(trial))
+	if err != nil {
+		t.Fatalf("the docs' trial.yaml: %v", err)
+	}
+	r, err := renderRelease(t, "edge", vals)
+	if err != nil {
+		t.Fatalf("the docs' trial.yaml: %v", err)
+	}
+	if agent, cp := mountedSecrets(t, r); agent != "edge-l4xds-agent-certs" || cp != "edge-l4xds-control-plane-certs" {
+		t.Errorf("the docs' trial mounts %q and %q, want tls.auto.method=helm's", agent, cp)
 	}
 }
