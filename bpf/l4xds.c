@@ -9,7 +9,8 @@
  *   1. a backend's reply (CT_REPLY hit): source restored to the VIP;
  *   2. to a VIP:port/proto we serve: source ranges, then the flow's
  *      backend from conntrack, or a new one (affinity, then Maglev);
- *      no usable backend: TCP RST / ICMP port unreachable;
+ *      no usable backend: TCP RST / ICMP port unreachable, within
+ *      the reject limit (l4xds_reject_bucket), else dropped;
  *   3. to a VIP on a port we do not serve: dropped and counted;
  *   4. anything else: passed.
  * Whatever else is addressed to a VIP, or to one removed within its grace
@@ -204,23 +205,9 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 			return VERDICT_CONTINUE;
 	}
 
-	if (svc_flags & LB_SVC_F_SOURCE_RANGES) {
-		struct lb_src_range_key key = {
-			.prefixlen = 32 + 32 + 128,
-			.svc_id = svc_id,
-		};
-
-		if (p->v6) {
-			key.family = LB_FAMILY_IPV6;
-			__builtin_memcpy(key.addr, p->saddr, 16);
-		} else {
-			key.family = LB_FAMILY_IPV4;
-			key.addr[0] = p->saddr[3];
-		}
-		if (!bpf_map_lookup_elem(&l4xds_srcrange, &key)) {
-			count_drop(svc_id, LB_DROP_SOURCE_RANGE);
-			return TCX_DROP;
-		}
+	if (!source_allowed(svc_id, svc_flags, p->v6, p->saddr)) {
+		count_drop(svc_id, LB_DROP_SOURCE_RANGE);
+		return TCX_DROP;
 	}
 
 	if (be && e) {
@@ -271,10 +258,8 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 		goto rewrite;
 	}
 
-	if (!svc_count) {
-		count_drop(svc_id, LB_DROP_NO_BACKEND);
-		return VERDICT_REJECT;
-	}
+	if (!svc_count)
+		return refuse(p, svc_id, now);
 
 	be = NULL;
 	if (svc_flags & LB_SVC_F_AFFINITY)
@@ -299,10 +284,8 @@ __noinline int handle_service(struct __sk_buff *skb, const struct pkt *p)
 		backend_id = *id;
 		/* Backend 0 is never a backend: its slots are the service's
 		 * share of new flows to refuse (reject_weight). */
-		if (!backend_id) {
-			count_drop(svc_id, LB_DROP_NO_BACKEND);
-			return VERDICT_REJECT;
-		}
+		if (!backend_id)
+			return refuse(p, svc_id, now);
 	}
 	if (!be) {
 		be = bpf_map_lookup_elem(&l4xds_backends, &backend_id);

@@ -203,7 +203,19 @@ enum {
 	LB_DROP_ICMP = 7,         /* ICMP to a VIP but an error of a translated flow (echo, ...) */
 	LB_DROP_IPV6_EXTENSION = 8, /* IPv6 extension headers before TCP/UDP (but one leading Fragment header) to a VIP */
 	LB_DROP_REMOVED_VIP = 9,  /* to a VIP removed less than --lb-removed-vip-grace ago */
-	LB_DROP_MAX = 10,
+	/* refused as LB_DROP_NO_BACKEND is, but no reject sent: over the
+	 * reject limit (--lb-reject-rate, --lb-reject-burst) */
+	LB_DROP_REJECT_LIMIT = 10,
+	LB_DROP_MAX = 11,
+};
+
+/* The reject limit of one CPU (l4xds_reject_bucket, per CPU): a token
+ * bucket kept as one time, in the form of GCRA's virtual scheduling. A
+ * reject at now is allowed if max(tat, now) + reject_interval_ns - now <=
+ * reject_burst_ns, and then moves tat to max(tat, now) + reject_interval_ns.
+ * A tat at or before now is a full bucket (0 at first). */
+struct lb_reject_bucket {
+	__u64 tat; /* bpf_ktime_get_ns() at which the bucket is full again */
 };
 
 /* Per-CPU counters, indexed by service id; index 0 holds what no service

@@ -51,16 +51,20 @@ struct icmp_quote_l4 {
  * for TCP with 18 bytes of header), so the quote is the packet as its
  * sender sent it, although Linux does not check it. Every checksum is
  * updated from the same differences, so the packet's total sum stays the
- * same (skb->csum of CHECKSUM_COMPLETE holds). Anything else (errors of
- * no flow, echo, ...) is VERDICT_CONTINUE, but neighbour discovery, which
- * passes. */
+ * same (skb->csum of CHECKSUM_COMPLETE holds). An error to a backend
+ * whose flow's client is outside the service's source ranges is dropped
+ * (LB_DROP_SOURCE_RANGE). Anything else (errors of no flow, or of a flow
+ * whose service is gone, echo, ...) is VERDICT_CONTINUE, but neighbour
+ * discovery, which passes. */
 __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct icmp_err_hdr icmp;
 	struct icmp_quote_l4 l4h;
 	struct icmp_quote_fields old = {}, new = {};
 	struct lb_ct_key key = {};
+	struct lb_svc_key svc_key = {};
 	struct lb_ct_entry *e;
+	struct lb_svc *svc;
 	__u32 outer_old[4];
 	__u32 icmp_off, in_off, in_l3, l4_off, quote, l4_check_off = 0;
 	__u32 addr_diff, port_diff, outer_diff;
@@ -150,6 +154,22 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 		be = bpf_map_lookup_elem(&l4xds_backends, &e->backend_id);
 		if (!be || be->svc_id != svc_id)
 			return VERDICT_CONTINUE;
+		/* To the backend only what a packet of the flow would reach it
+		 * with: its service still there, and its client (not the
+		 * error's sender, which may be any router on the client's
+		 * path) in the service's source ranges now. The entry alone
+		 * does not say so: the ranges may have shrunk since the flow
+		 * began, and the flow's own packets are checked each time. */
+		svc_key.port = key.dport;
+		svc_key.proto = key.proto;
+		__builtin_memcpy(svc_key.addr, key.daddr, 16);
+		svc = bpf_map_lookup_elem(&l4xds_services, &svc_key);
+		if (!svc || svc->id != svc_id)
+			return VERDICT_CONTINUE;
+		if (!source_allowed(svc_id, svc->flags, p->v6, key.saddr)) {
+			count_drop(svc_id, LB_DROP_SOURCE_RANGE);
+			return TCX_DROP;
+		}
 		reply = 0;
 		__builtin_memcpy(old.addr, key.daddr, 16); /* the VIP */
 		__builtin_memcpy(new.addr, be->addr, 16);

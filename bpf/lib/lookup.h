@@ -34,6 +34,28 @@ static __always_inline struct lb_svc *service_of(const struct pkt *p)
 	return bpf_map_lookup_elem(&l4xds_services, &key);
 }
 
+/* Whether client may use the service: always without source ranges, else
+ * when one of the service's ranges of the client's family holds it. */
+static __always_inline int source_allowed(__u32 svc_id, __u32 svc_flags,
+					  int v6, const __u32 *client)
+{
+	struct lb_src_range_key key = {
+		.prefixlen = 32 + 32 + 128,
+		.svc_id = svc_id,
+	};
+
+	if (!(svc_flags & LB_SVC_F_SOURCE_RANGES))
+		return 1;
+	if (v6) {
+		key.family = LB_FAMILY_IPV6;
+		__builtin_memcpy(key.addr, client, 16);
+	} else {
+		key.family = LB_FAMILY_IPV4;
+		key.addr[0] = client[3];
+	}
+	return bpf_map_lookup_elem(&l4xds_srcrange, &key) != NULL;
+}
+
 /* The service a packet is charged to when its headers cannot be handled:
  * the one on its ports if they are known, else 0 if the destination is a
  * VIP; -1 for a packet that is not for a VIP. */

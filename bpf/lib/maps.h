@@ -12,6 +12,14 @@ volatile const __u32 maglev_size = 1021;
  * the picture). */
 volatile const __u8 fib_redirect = 1;
 
+/* The reject limit of each CPU: one reject (TCP RST, ICMP port unreachable)
+ * per reject_interval_ns, in bursts of up to reject_burst_ns /
+ * reject_interval_ns; reject_burst_ns 0: none at all. The loader gives each
+ * CPU its share of --lb-reject-rate and --lb-reject-burst, the node's. The
+ * defaults are Linux's ICMP limit (icmp_msgs_per_sec, icmp_msgs_burst). */
+volatile const __u64 reject_interval_ns = 1000000;
+volatile const __u64 reject_burst_ns = 50 * 1000000;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, LB_SERVICES_MAX);
@@ -124,6 +132,21 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } l4xds_old_vips SEC(".maps");
+
+/* The reject limit's bucket (struct lb_reject_bucket), one per CPU. Per
+ * CPU, so that the CPUs of a flood do not share a written cache line, nor
+ * race on it without a lock (a shared bucket updated without one loses
+ * updates, and lets through more than its limit when it matters); a lock
+ * per refused packet would cost more than the limit saves. Each CPU takes
+ * its share of the node's rate: RSS spreads a flood of spoofed sources
+ * over the receive queues, and so over the CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_reject_bucket);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} l4xds_reject_bucket SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -53,7 +53,13 @@ static __always_inline int addr_rewrite(struct __sk_buff *skb,
 /* Rewrites one end of the flow (the destination for DNAT, the source for
  * reverse NAT) and fixes the checksums incrementally. With
  * BPF_F_MARK_MANGLED_0 a zero UDP checksum (none, IPv4) stays zero and a
- * result of zero is written as 0xffff. */
+ * result of zero is written as 0xffff. A GSO packet (BIG TCP among them) is
+ * CHECKSUM_PARTIAL when it comes from a local socket, a guest or a veth
+ * peer: its field holds the pseudo-header's sum, for the device to finish
+ * over the segments. The helper then updates it for the addresses
+ * (BPF_F_PSEUDO_HDR) and leaves it for the ports, which the device sums
+ * with the data; the length in that sum does not change here, so a length
+ * field of 0 needs nothing more. */
 static __always_inline int nat_rewrite(struct __sk_buff *skb,
 				       const struct pkt *p, int dst,
 				       const __u32 *old_addr,

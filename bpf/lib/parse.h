@@ -86,6 +86,20 @@ static __always_inline __u8 ipv6_untranslated(__u8 nexthdr)
 	return LB_DROP_PROTOCOL;
 }
 
+/* The length after the IP header (of hlen bytes, Ethernet header aside) of
+ * a BIG TCP packet, whose IP length field says 0: the skb's. Only a TCP GSO
+ * packet is one (GRO merges TCP segments only beyond 64 KiB: a UDP
+ * datagram's own length field holds no more); on any other packet a length
+ * of 0 is what the header says, and 0 is returned. */
+static __always_inline __u32 big_tcp_len(const struct __sk_buff *skb,
+					 __u8 proto, __u32 hlen)
+{
+	if (proto != IPPROTO_TCP || !skb->gso_size ||
+	    skb->len < ETH_HLEN + hlen)
+		return 0;
+	return skb->len - ETH_HLEN - hlen;
+}
+
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
 	struct ethhdr *eth;
@@ -133,6 +147,9 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			p->l4_len = tot - ihl * 4;
 			return PARSE_ICMP;
 		}
+		/* BIG TCP: never a fragment. */
+		if (tot == 0 && !(frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+			tot = big_tcp_len(skb, p->proto, 0);
 		if (tot < ihl * 4)
 			return PARSE_MALFORMED;
 		p->l4_len = tot - ihl * 4;
@@ -162,6 +179,31 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		p->ttl = ip6->hop_limit;
 		p->l4_len = bpf_ntohs(ip6->payload_len);
 		nexthdr = ip6->nexthdr;
+		/* BIG TCP, without or with its Jumbo Payload option (which
+		 * must then say the skb's length); the option is kept, and
+		 * the packet translated after it. ip6 is not read again:
+		 * skb_header may have moved the packet. */
+		if (!p->l4_len && nexthdr == IPPROTO_TCP) {
+			p->l4_len = big_tcp_len(skb, nexthdr, sizeof(*ip6));
+		} else if (!p->l4_len && nexthdr == IPV6_NEXTHDR_HOP &&
+			   skb->gso_size) {
+			struct ipv6_jumbo_hdr *jh;
+			__u32 len;
+
+			/* Not one: an extension header, as any other. */
+			jh = skb_header(skb, ETH_HLEN + sizeof(*ip6), sizeof(*jh));
+			len = jh ? big_tcp_len(skb, jh->nexthdr, sizeof(*ip6)) : 0;
+			if (len && jh->hdrlen == 0 &&
+			    jh->tlv_type == IPV6_TLV_JUMBO && jh->tlv_len == 4 &&
+			    bpf_ntohl(jh->jumbo_payload_len) == len &&
+			    len >= sizeof(*jh)) {
+				p->proto = IPPROTO_TCP;
+				p->l3_len += sizeof(*jh);
+				p->l4_len = len - sizeof(*jh);
+				return parse_l4(skb, p, ETH_HLEN + sizeof(*ip6) +
+							sizeof(*jh));
+			}
+		}
 		if (nexthdr == IPPROTO_ICMPV6) {
 			p->proto = IPPROTO_ICMPV6;
 			return PARSE_ICMP;

@@ -27,6 +27,22 @@ struct ipv6_frag_hdr {
 	__be32 identification;
 };
 
+/* BIG TCP (Linux 5.19 for IPv4, 6.0 for IPv6): GRO and GSO packets of more
+ * than 64 KiB, whose IPv4 total length or IPv6 payload length is 0, the
+ * length being the skb's. Up to Linux 6.19 an IPv6 one has a Hop-by-Hop
+ * header of one Jumbo Payload option (RFC 2675) right after the fixed
+ * header, with the length of all that follows the fixed header; from 7.0
+ * it has none, like IPv4. */
+#define IPV6_NEXTHDR_HOP 0
+
+struct ipv6_jumbo_hdr {
+	__u8 nexthdr;
+	__u8 hdrlen;   /* 0: 8 bytes */
+	__u8 tlv_type; /* IPV6_TLV_JUMBO (linux/in6.h) */
+	__u8 tlv_len;  /* 4 */
+	__be32 jumbo_payload_len;
+};
+
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
 #define TCP_RST 0x04

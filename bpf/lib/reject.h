@@ -3,6 +3,47 @@
 #ifndef L4XDS_LIB_REJECT_H
 #define L4XDS_LIB_REJECT_H
 
+/* Whether this CPU may send one more reject at now; if so, it is taken
+ * from the bucket (see struct lb_reject_bucket). */
+static __always_inline int reject_allowed(__u64 now)
+{
+	struct lb_reject_bucket *b;
+	__u32 zero = 0;
+	__u64 tat;
+
+	if (!reject_burst_ns)
+		return 0;
+	b = bpf_map_lookup_elem(&l4xds_reject_bucket, &zero);
+	if (!b)
+		return 0;
+	tat = b->tat > now ? b->tat : now;
+	if (tat + reject_interval_ns - now > reject_burst_ns)
+		return 0;
+	b->tat = tat + reject_interval_ns;
+	return 1;
+}
+
+/* A new flow refused (no usable backend, or the service's reject share):
+ * VERDICT_REJECT to answer it, counted as LB_DROP_NO_BACKEND. A RST is
+ * never answered: dropped, counted the same, and it takes nothing from the
+ * bucket. Over the reject limit the packet is dropped and counted as
+ * LB_DROP_REJECT_LIMIT: rejects are answers to whatever source a packet
+ * names, so unlimited they would reflect a flood of spoofed sources onto
+ * its victims. */
+static __always_inline int refuse(const struct pkt *p, __u32 svc_id, __u64 now)
+{
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST)) {
+		count_drop(svc_id, LB_DROP_NO_BACKEND);
+		return TCX_DROP;
+	}
+	if (!reject_allowed(now)) {
+		count_drop(svc_id, LB_DROP_REJECT_LIMIT);
+		return TCX_DROP;
+	}
+	count_drop(svc_id, LB_DROP_NO_BACKEND);
+	return VERDICT_REJECT;
+}
+
 /* The reply leaves through the interface it came in on, back to the
  * sender: swap the MAC addresses. */
 static __always_inline int load_swapped_eth(struct __sk_buff *skb,
@@ -204,8 +245,8 @@ static __always_inline int reject_udp6(struct __sk_buff *skb, const struct pkt *
 }
 
 /* No usable backend: tell the client at once instead of letting it time
- * out. A RST is never answered. (A global function: verified once, not for
- * every path that leads here.) */
+ * out (refuse let it). (A global function: verified once, not for every
+ * path that leads here.) */
 __noinline int reject(struct __sk_buff *skb, const struct pkt *p)
 {
 	int err;
@@ -213,8 +254,6 @@ __noinline int reject(struct __sk_buff *skb, const struct pkt *p)
 	if (!p)
 		return TCX_DROP;
 	if (p->proto == IPPROTO_TCP) {
-		if (p->tcp_flags & TCP_RST)
-			return TCX_DROP;
 		err = p->v6 ? reject_tcp6(skb, p) : reject_tcp4(skb, p);
 	} else {
 		err = p->v6 ? reject_udp6(skb, p) : reject_udp4(skb, p);

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cilium/cilium/pkg/annotation"
 	cmtypes "github.com/cilium/cilium/pkg/clustermesh/types"
+	"github.com/cilium/cilium/pkg/labels"
 	clb "github.com/cilium/cilium/pkg/loadbalancer"
 	"github.com/cilium/cilium/pkg/loadbalancer/writer"
 	"github.com/cilium/cilium/pkg/source"
@@ -167,8 +168,11 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 		SourceRanges:           svc.SourceRanges,
 		PortNames:              svc.PortNames,
 	}
-	for k, v := range svc.Labels {
-		csvc.Annotations["l4xds.io/"+k] = v
+	if len(svc.Labels) > 0 {
+		// With the source of Kubernetes' labels: Cilium's BGP advertisements
+		// and L2 announcement policies select services by their labels'
+		// K8sStringMap, which prefixes any other source to the key.
+		csvc.Labels = labels.Map2Labels(svc.Labels, labels.LabelSourceK8s)
 	}
 	if err := t.s.w.UpsertServiceAndFrontends(t.txn, csvc, cfes...); err != nil {
 		if errors.Is(err, clb.ErrFrontendConflict) {

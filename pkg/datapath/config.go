@@ -40,7 +40,20 @@ type Config struct {
 	// once its last frontend is removed, rather than passed to the stack,
 	// which would route them back out (l4xds_old_vips).
 	LBRemovedVIPGrace time.Duration
+	// LBRejectRate is how many rejects (TCP RST, ICMP port unreachable
+	// to the new flows a service refuses) the node sends a second at
+	// most, in bursts of up to LBRejectBurst; beyond, refused packets
+	// are dropped (counted as reject limit). 0: none are sent.
+	LBRejectRate  uint
+	LBRejectBurst uint
 }
+
+// The bounds of --lb-reject-rate and --lb-reject-burst: beyond a million
+// rejects a second a node is a reflector whatever the limit.
+const (
+	MaxRejectRate  = 1000000
+	MaxRejectBurst = 1000000
+)
 
 // MaxMaglevTableSize bounds --lb-maglev-table-size: every service holds a
 // table of that many backend IDs in kernel memory (512 KiB each at this size).
@@ -78,6 +91,10 @@ var DefaultConfig = Config{
 	// Longer than a client's SYN retries (about 2 minutes on Linux) and
 	// than the withdrawal of the VIP's route is expected to take.
 	LBRemovedVIPGrace: 5 * time.Minute,
+	// Linux's limit of the ICMP errors a node sends (icmp_msgs_per_sec,
+	// icmp_msgs_burst).
+	LBRejectRate:  1000,
+	LBRejectBurst: 50,
 }
 
 func (def Config) Flags(flags *pflag.FlagSet) {
@@ -92,6 +109,8 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint("lb-conntrack-new-max", def.LBConntrackNewMax, "Entries of the conntrack map of flows not established yet (TCP before the client's ACK of the backend's SYN-ACK, UDP before the backend's first answer), two per flow; floods of new flows churn this map only")
 	flags.Uint("lb-affinity-max", def.LBAffinityMax, "Entries of the client affinity map: clients of services with session affinity (one per client and service), written once a flow is established")
 	flags.Duration("lb-removed-vip-grace", def.LBRemovedVIPGrace, "How long packets to a VIP whose last frontend was removed are still dropped (counted as removed vip) rather than passed to the node's stack, which may route them back; 0: not at all")
+	flags.Uint("lb-reject-rate", def.LBRejectRate, "Rejects (TCP RST, ICMP port unreachable to the new flows a frontend refuses) the node sends a second at most, each CPU its share; beyond, refused packets are dropped (counted as reject limit); 0: none are sent")
+	flags.Uint("lb-reject-burst", def.LBRejectBurst, "The most rejects the node sends at once, the bucket that --lb-reject-rate refills, each CPU its share (at least one)")
 }
 
 // Validate reports the first bad setting, naming its flag.
@@ -118,6 +137,12 @@ func (c Config) Validate() error {
 	}
 	if c.LBRemovedVIPGrace < 0 {
 		return fmt.Errorf("--lb-removed-vip-grace: %s is negative", c.LBRemovedVIPGrace)
+	}
+	if c.LBRejectRate > MaxRejectRate {
+		return fmt.Errorf("--lb-reject-rate: %d is not in 0..%d", c.LBRejectRate, MaxRejectRate)
+	}
+	if c.LBRejectBurst < 1 || c.LBRejectBurst > MaxRejectBurst {
+		return fmt.Errorf("--lb-reject-burst: %d is not in 1..%d", c.LBRejectBurst, MaxRejectBurst)
 	}
 	if c.LBBackendMapMax < 1 || c.LBBackendMapMax > MaxBackendMapMax {
 		return fmt.Errorf("--lb-backend-map-max: %d is not in 1..%d", c.LBBackendMapMax, MaxBackendMapMax)

@@ -38,6 +38,11 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		{withAttach("tc"), ""},
 		{withAttach("tcx"), ""},
 		{withAttach("auto"), ""},
+		{withReject(0, 1), ""},
+		{withReject(0, 0), "--lb-reject-burst: 0 is not in 1..1000000"},
+		{withReject(1000000, 1000000), ""},
+		{withReject(1000001, 50), "--lb-reject-rate: 1000001 is not in 0..1000000"},
+		{withReject(1000, 1000001), "--lb-reject-burst: 1000001 is not in 1..1000000"},
 		{withAttach("xdp"), `--datapath-attach: "xdp" is not auto, tcx or tc`},
 		{withAttach(""), `--datapath-attach: "" is not auto, tcx or tc`},
 	} {
@@ -46,6 +51,12 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 			t.Errorf("%+v: error %v, want %q", c.cfg, err, c.want)
 		}
 	}
+}
+
+func withReject(rate, burst uint) Config {
+	c := DefaultConfig
+	c.LBRejectRate, c.LBRejectBurst = rate, burst
+	return c
 }
 
 func withAttach(mode string) Config {

@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"slices"
 	"syscall"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -102,6 +103,19 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 	size := uint32(cfg.LBMaglevTableSize)
 	if err := spec.Variables[bpf.L4xdsVarMaglevSize].Set(size); err != nil {
 		return nil, fmt.Errorf("set %s: %w", bpf.L4xdsVarMaglevSize, err)
+	}
+	cpus, err := onlineCPUs()
+	if err != nil {
+		return nil, fmt.Errorf("--lb-reject-rate: the CPUs that share it: %w", err)
+	}
+	interval, burst := rejectLimit(cfg.LBRejectRate, cfg.LBRejectBurst, cpus)
+	log.Info("Reject limit", "lb-reject-rate", cfg.LBRejectRate, "lb-reject-burst", cfg.LBRejectBurst,
+		"cpus", cpus, "per-cpu-interval", time.Duration(interval), "per-cpu-burst", time.Duration(burst))
+	if err := spec.Variables[bpf.L4xdsVarRejectIntervalNs].Set(interval); err != nil {
+		return nil, fmt.Errorf("set %s: %w", bpf.L4xdsVarRejectIntervalNs, err)
+	}
+	if err := spec.Variables[bpf.L4xdsVarRejectBurstNs].Set(burst); err != nil {
+		return nil, fmt.Errorf("set %s: %w", bpf.L4xdsVarRejectBurstNs, err)
 	}
 	inner := spec.Maps[bpf.L4xdsMapL4xdsMaglev].InnerMap
 	inner.MaxEntries = size

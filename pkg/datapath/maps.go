@@ -181,6 +181,9 @@ const (
 	DropICMP
 	DropIPv6Extension
 	DropRemovedVIP
+	// DropRejectLimit: refused as DropNoBackend, but over the reject
+	// limit (--lb-reject-rate, --lb-reject-burst): no reject sent.
+	DropRejectLimit
 	NumDropReasons
 )
 
@@ -188,7 +191,7 @@ const (
 var _ [NumDropReasons]uint64 = bpf.L4xdsLbStats{}.Drops
 
 var dropReasonNames = [NumDropReasons]string{"no backend", "source range", "unknown port", "fragment", "malformed", "backend family",
-	"protocol", "icmp", "ipv6 extension", "removed vip"}
+	"protocol", "icmp", "ipv6 extension", "removed vip", "reject limit"}
 
 func (r DropReason) String() string {
 	if r >= 0 && r < NumDropReasons {

@@ -33,7 +33,8 @@ import (
 // Drops no service can be charged with (a VIP on a port no service has:
 // unknown_port) have frontend="" and service="". reason is the DropReason
 // in snake case: no_backend, source_range, unknown_port, fragment,
-// malformed, backend_family, protocol, icmp, ipv6_extension, removed_vip.
+// malformed, backend_family, protocol, icmp, ipv6_extension, removed_vip,
+// reject_limit.
 const metricsPrefix = "l4xds_datapath_"
 
 // Frontend statuses as exported; a refreshing frontend (a periodic rewrite

@@ -184,6 +184,7 @@ l4xds_datapath_service_drops_total{frontend="",reason="ipv6_extension",service="
 l4xds_datapath_service_drops_total{frontend="",reason="malformed",service=""} 0
 l4xds_datapath_service_drops_total{frontend="",reason="no_backend",service=""} 0
 l4xds_datapath_service_drops_total{frontend="",reason="protocol",service=""} 0
+l4xds_datapath_service_drops_total{frontend="",reason="reject_limit",service=""} 0
 l4xds_datapath_service_drops_total{frontend="",reason="removed_vip",service=""} 0
 l4xds_datapath_service_drops_total{frontend="",reason="source_range",service=""} 0
 l4xds_datapath_service_drops_total{frontend="",reason="unknown_port",service=""} 1
@@ -194,6 +195,7 @@ l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="ipv6_ext
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="malformed",service="db"} 0
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="no_backend",service="db"} ` + n(2) + `
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="protocol",service="db"} 0
+l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="reject_limit",service="db"} 0
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="removed_vip",service="db"} 0
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="source_range",service="db"} 0
 l4xds_datapath_service_drops_total{frontend="10.1.2.3:3306/TCP",reason="unknown_port",service="db"} 0

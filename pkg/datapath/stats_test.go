@@ -6,7 +6,7 @@ import "testing"
 
 func TestDropReasonNames(t *testing.T) {
 	for r, want := range map[DropReason]string{
-		DropNoBackend: "no backend", DropSourceRange: "source range", DropBackendFamily: "backend family", DropRemovedVIP: "removed vip", NumDropReasons: "reason 10",
+		DropNoBackend: "no backend", DropSourceRange: "source range", DropBackendFamily: "backend family", DropRemovedVIP: "removed vip", DropRejectLimit: "reject limit", NumDropReasons: "reason 11",
 	} {
 		if got := r.String(); got != want {
 			t.Errorf("DropReason(%d) = %q, want %q", int(r), got, want)

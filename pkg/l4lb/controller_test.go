@@ -358,7 +358,7 @@ func TestControllerOneMalformedAmongMany(t *testing.T) {
 
 	// A good cluster turning bad keeps its previous version.
 	rejectedWith(t, f.cds(nil, edsCluster("svc-007", `{vip: 10.1.0.8, port: 80, prot: UDP}`, "")), map[string]string{
-		"svc-007": `cluster "svc-007": io.cilium.l4lb.prot: unknown key (known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout, reject_weight, service, namespace, cluster, portName)`,
+		"svc-007": `cluster "svc-007": io.cilium.l4lb.prot: unknown key (known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout, reject_weight, service, namespace, cluster, portName, labels)`,
 	})
 	fe, _, found := f.w.Frontends().Get(f.w.ReadTxn(), loadbalancer.FrontendByAddress.Query(
 		loadbalancer.L3n4Addr{Addr: mustAddr("10.1.0.8"), Port: 80, Protocol: loadbalancer.TCP}))

@@ -52,7 +52,7 @@ load_assignment:
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Add([]byte(`{"frontends": [{"vip": "10.0.0.53", "port": 53, "protocol": "udp"}, {"vip": "2001:db8::53", "port": 53, "target_port": 5353}], "source_ranges": ["10.0.0.0/8"], "session_affinity_timeout": "3h"}`), static)
+	f.Add([]byte(`{"frontends": [{"vip": "10.0.0.53", "port": 53, "protocol": "udp"}, {"vip": "2001:db8::53", "port": 53, "target_port": 5353}], "source_ranges": ["10.0.0.0/8"], "session_affinity_timeout": "3h", "labels": {"announce": "bgp", "example.com/tier": ""}}`), static)
 	// More seeds, and every crasher found, are in testdata/fuzz/FuzzTranslateCluster.
 
 	f.Fuzz(func(t *testing.T, meta, clusterBytes []byte) {

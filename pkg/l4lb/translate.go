@@ -5,8 +5,10 @@ package l4lb
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -74,7 +76,7 @@ func (fe *fieldError) in(kind, name string) error {
 var (
 	// The naming keys (service, namespace, cluster, portName) are those of
 	// the CFP author's prototype.
-	serviceKeys  = []string{"vip", "port", "protocol", "frontends", "source_ranges", "session_affinity_timeout", "reject_weight", "service", "namespace", "cluster", "portName"}
+	serviceKeys  = []string{"vip", "port", "protocol", "frontends", "source_ranges", "session_affinity_timeout", "reject_weight", "service", "namespace", "cluster", "portName", "labels"}
 	frontendKeys = []string{"vip", "port", "protocol", "target_port", "portName"}
 	// endpointKeys are those of an endpoint's metadata under the same key.
 	endpointKeys = []string{"zone", "nodeName"}
@@ -193,8 +195,74 @@ func (t *Translator) translateMetadata(name string, fields map[string]*structpb.
 		}
 		spec.Service.RejectWeight = w
 	}
+
+	if v, ok := fields["labels"]; ok {
+		labels, fe := translateLabels(v, path+".labels")
+		if fe != nil {
+			return nil, fe
+		}
+		spec.Service.Labels = labels
+	}
 	return spec, nil
 }
+
+// translateLabels reads the service's labels: a struct of strings, each key
+// and value as Kubernetes allows them on an object, because inside Cilium
+// they are what BGP advertisements and L2 announcement policies select on.
+func translateLabels(v *structpb.Value, path string) (map[string]string, *fieldError) {
+	st, ok := v.GetKind().(*structpb.Value_StructValue)
+	if !ok {
+		return nil, fieldErrorf(path, "want a struct of strings, got %s", describe(v))
+	}
+	fields := st.StructValue.GetFields()
+	if len(fields) == 0 {
+		return nil, nil
+	}
+	labels := make(map[string]string, len(fields))
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		val, fe := stringValue(fields[k], path+"."+k)
+		if fe != nil {
+			return nil, fe
+		}
+		if err := labelKey(k); err != nil {
+			return nil, fieldErrorf(path+"."+k, "key: %w", err)
+		}
+		if err := labelName(val); val != "" && err != nil {
+			return nil, fieldErrorf(path+"."+k, "value %q: %w", val, err)
+		}
+		labels[k] = val
+	}
+	return labels, nil
+}
+
+// labelKey checks a Kubernetes label key: an optional DNS subdomain prefix
+// and a slash, then a name.
+func labelKey(k string) error {
+	name := k
+	if prefix, n, hasPrefix := strings.Cut(k, "/"); hasPrefix {
+		name = n
+		if prefix == "" || len(prefix) > 253 || !dnsSubdomain.MatchString(prefix) {
+			return fmt.Errorf("prefix %q is not a DNS subdomain (lower case letters, digits, '-' and '.', at most 253)", prefix)
+		}
+	}
+	if err := labelName(name); err != nil {
+		return fmt.Errorf("name %q: %w", name, err)
+	}
+	return nil
+}
+
+// labelName checks a label's name or (non-empty) value.
+func labelName(s string) error {
+	if len(s) > 63 || !labelNameChars.MatchString(s) {
+		return errors.New("want at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit")
+	}
+	return nil
+}
+
+var (
+	labelNameChars = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+	dnsSubdomain   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+)
 
 // service names the cluster's service: the keys service, namespace and
 // cluster, else the cluster's name and the configured namespace and cluster.

@@ -37,6 +37,9 @@ func specString(s *ServiceSpec) string {
 	if len(s.Service.PortNames) > 0 {
 		fmt.Fprintf(&b, " portNames=%v", s.Service.PortNames)
 	}
+	if len(s.Service.Labels) > 0 {
+		fmt.Fprintf(&b, " labels=%v", s.Service.Labels)
+	}
 	b.WriteString("\n")
 	for _, fe := range s.Frontends {
 		fmt.Fprintf(&b, "frontend %s %s svc=%s", fe.Address, fe.Type, fe.ServiceName)
@@ -107,7 +110,7 @@ func l4lbCluster(meta string) string {
 }
 
 func TestTranslateCluster(t *testing.T) {
-	const known = "(known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout, reject_weight, service, namespace, cluster, portName)"
+	const known = "(known: vip, port, protocol, frontends, source_ranges, session_affinity_timeout, reject_weight, service, namespace, cluster, portName, labels)"
 	tests := []struct {
 		name    string
 		cluster string // YAML
@@ -196,6 +199,36 @@ func TestTranslateCluster(t *testing.T) {
 			name:    "reject_weight",
 			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, reject_weight: 30}`),
 			want:    "service db source=xds reject=30\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "labels, for Cilium's BGP and L2 announcement selectors",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, labels: {announce: bgp, "example.com/tier": "", app.kubernetes.io_name: db}}`),
+			want:    "service db source=xds labels=map[announce:bgp app.kubernetes.io_name:db example.com/tier:]\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "empty labels are none",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, labels: {}}`),
+			want:    "service db source=xds\nfrontend 10.1.2.3:80/TCP LoadBalancer svc=db\neds db\n",
+		},
+		{
+			name:    "labels: a list",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, labels: [bgp]}`),
+			wantErr: `cluster "db": io.cilium.l4lb.labels: want a struct of strings, got a list`,
+		},
+		{
+			name:    "labels: a number value",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, labels: {tier: 1}}`),
+			wantErr: `cluster "db": io.cilium.l4lb.labels.tier: want a string, got number 1`,
+		},
+		{
+			name:    "labels: a key Kubernetes would refuse",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, labels: {"Example.com/tier": a}}`),
+			wantErr: `cluster "db": io.cilium.l4lb.labels.Example.com/tier: key: prefix "Example.com" is not a DNS subdomain (lower case letters, digits, '-' and '.', at most 253)`,
+		},
+		{
+			name:    "labels: a value Kubernetes would refuse",
+			cluster: l4lbCluster(`{vip: "10.1.2.3", port: 80, labels: {tier: "-front"}}`),
+			wantErr: `cluster "db": io.cilium.l4lb.labels.tier: value "-front": want at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit`,
 		},
 		{
 			name:    "reject_weight 0 is none",

@@ -5,4 +5,4 @@
 // committed; `make generate` rebuilds them with clang.
 package bpf
 
-//go:generate go tool bpf2go -cc clang -target bpfel -type lb_svc_key -type lb_svc -type lb_backend -type lb_ct_key -type lb_ct_entry -type lb_affinity_key -type lb_affinity -type lb_src_range_key -type lb_stats -type lb_frag_key -type lb_frag L4xds ../../../bpf/l4xds.c
+//go:generate go tool bpf2go -cc clang -target bpfel -type lb_svc_key -type lb_svc -type lb_backend -type lb_ct_key -type lb_ct_entry -type lb_affinity_key -type lb_affinity -type lb_src_range_key -type lb_stats -type lb_frag_key -type lb_frag -type lb_reject_bucket L4xds ../../../bpf/l4xds.c

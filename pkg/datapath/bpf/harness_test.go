@@ -32,6 +32,7 @@ const (
 	dropICMP
 	dropExtension
 	dropRemovedVIP
+	dropRejectLimit
 )
 
 // Backend states (LB_BACKEND_*) and service flags (LB_SVC_F_*).
@@ -72,8 +73,15 @@ type loadOptions struct {
 	// agent's datapath does; without it they go on to the stack (TCX_NEXT),
 	// whatever the routes of the namespace the test runs in.
 	fibRedirect bool
-	coll        *ebpf.CollectionOptions
+	// reject sets the reject limit of each CPU (reject_interval_ns,
+	// reject_burst_ns); nil keeps the program's.
+	reject *rejectLimit
+	coll   *ebpf.CollectionOptions
 }
+
+// rejectLimit is the program's reject limit of one CPU: one reject per
+// interval, bursts of up to burst/interval (ns); burst 0: no rejects.
+type rejectLimit struct{ interval, burst uint64 }
 
 func newDatapathWith(t testing.TB, o loadOptions) *datapath {
 	t.Helper()
@@ -113,6 +121,14 @@ func loadWith(t testing.TB, objs *L4xdsObjects, o loadOptions) {
 	spec.Maps[L4xdsMapL4xdsCtNew].MaxEntries = ctNewEntries
 	if err := spec.Variables[L4xdsVarFibRedirect].Set(o.fibRedirect); err != nil {
 		t.Fatal(err)
+	}
+	if r := o.reject; r != nil {
+		if err := spec.Variables[L4xdsVarRejectIntervalNs].Set(r.interval); err != nil {
+			t.Fatal(err)
+		}
+		if err := spec.Variables[L4xdsVarRejectBurstNs].Set(r.burst); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// LRU maps are preallocated: keep them small in tests.
 	spec.Maps[L4xdsMapL4xdsAffinity].MaxEntries = 1024

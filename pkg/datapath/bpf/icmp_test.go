@@ -168,3 +168,100 @@ func TestICMPErrors(t *testing.T) {
 		},
 	})
 }
+
+// An ICMP error that goes to a backend is checked as a packet of the flow
+// it quotes would be: its client (the quoted packet's destination) must be
+// in the service's source ranges, now, not only when the flow began. The
+// error's own source is not checked: a router on the client's path sends
+// frag needed from its own address, and a sender that spoofs does not
+// spoof a denied address.
+func TestICMPErrorsCheckedLikeTheirFlow(t *testing.T) {
+	admitted4 := client4 // 198.51.100.7, in 198.51.100.7/32 throughout
+	denied4 := netip.MustParseAddrPort("198.51.100.9:40000")
+	admitted6 := client6
+	denied6 := netip.MustParseAddrPort("[2001:db8:1::9]:40000")
+	router4 := netip.MustParseAddr("203.0.113.254")
+
+	query := func(c, vip netip.AddrPort) segment { return udp(c, vip, "q") }
+	answer := func(be backend, c netip.AddrPort) segment { return udp(be.addr, c, "answer") }
+	// The error a client (or a router on its path) sends about the
+	// answer it got from the VIP, as it arrives and as the backend gets it.
+	portUnreach := func(from netip.Addr, be backend, vip, c netip.AddrPort, typ, code uint8, rest uint32) (in, out []byte) {
+		a := answer(be, c)
+		in = icmpError(from, vip.Addr(), typ, code, rest, a.from(vip).frame(), 0)
+		out = icmpError(from, be.addr.Addr(), typ, code, rest, a.frame(), 0)
+		return in, out
+	}
+	fromAdmitted4, toBackend4 := portUnreach(admitted4.Addr(), be4a, vip4, admitted4, icmpDestUnreach, icmpPortUnreach, 0)
+	fromDenied4, _ := portUnreach(denied4.Addr(), be4a, vip4, denied4, icmpDestUnreach, icmpPortUnreach, 0)
+	fromRouter4, routerToBackend4 := portUnreach(router4, be4a, vip4, admitted4, icmpDestUnreach, icmpFragNeeded, 576)
+	fromRouterDenied4, _ := portUnreach(router4, be4a, vip4, denied4, icmpDestUnreach, icmpFragNeeded, 576)
+	fromAdmitted6, toBackend6 := portUnreach(admitted6.Addr(), be6a, vip6, admitted6, icmp6DestUnreach, icmp6PortUnreach, 0)
+	fromDenied6, _ := portUnreach(denied6.Addr(), be6a, vip6, denied6, icmp6DestUnreach, icmp6PortUnreach, 0)
+
+	flow := func(c, vip netip.AddrPort, be backend) []step {
+		return []step{
+			forward("query from "+c.String(), query(c, vip), be.addr),
+			reply("answer to "+c.String(), answer(be, c), vip),
+		}
+	}
+	narrow := func(name string, frame []byte, id uint32, p netip.Prefix) step {
+		s := drop(name, frame)
+		s.before = func(d *datapath) { d.denySource(id, p) }
+		return s
+	}
+	var steps4 []step
+	steps4 = append(steps4, flow(admitted4, vip4, be4a)...)
+	steps4 = append(steps4, flow(denied4, vip4, be4a)...)
+	steps4 = append(steps4,
+		// The range of denied4 is withdrawn: its flow's packets and
+		// the errors about it are dropped, the others' pass.
+		narrow("port unreachable from a client no longer admitted", fromDenied4, 1, netip.MustParsePrefix("198.51.100.9/32")),
+		drop("frag needed from a router about that client's flow", fromRouterDenied4),
+		drop("that client's next query", query(denied4, vip4).frame()),
+		translated("port unreachable from an admitted client", fromAdmitted4, toBackend4),
+		translated("frag needed from a router about an admitted client's flow", fromRouter4, routerToBackend4),
+	)
+	var steps6 []step
+	steps6 = append(steps6, flow(admitted6, vip6, be6a)...)
+	steps6 = append(steps6, flow(denied6, vip6, be6a)...)
+	steps6 = append(steps6,
+		narrow("port unreachable from a client no longer admitted", fromDenied6, 6, netip.MustParsePrefix("2001:db8:1::9/128")),
+		translated("port unreachable from an admitted client", fromAdmitted6, toBackend6),
+	)
+	allow := func(steps []step, ranges map[uint32][]string) []step {
+		first := steps[0]
+		first.before = func(d *datapath) {
+			for id, ps := range ranges {
+				for _, p := range ps {
+					d.allowSource(id, netip.MustParsePrefix(p))
+				}
+			}
+		}
+		steps[0] = first
+		return steps
+	}
+	flowBytes := func(c, vip netip.AddrPort, be backend) int {
+		return len(query(c, vip).frame()) + len(answer(be, c).frame())
+	}
+	runScenarios(t, []scenario{
+		{
+			name:     "IPv4",
+			services: []service{{id: 1, vip: vip4, proto: protoUDP, flags: svcSourceRanges, backends: []backend{be4a}}},
+			steps:    allow(steps4, map[uint32][]string{1: {"198.51.100.7/32", "198.51.100.9/32"}}),
+			check: func(t *testing.T, d *datapath) {
+				wantStats(t, d, 1, 6, flowBytes(admitted4, vip4, be4a)+flowBytes(denied4, vip4, be4a)+len(fromAdmitted4)+len(fromRouter4),
+					map[int]uint64{dropSourceRange: 3})
+			},
+		},
+		{
+			name:     "IPv6",
+			services: []service{{id: 6, vip: vip6, proto: protoUDP, flags: svcSourceRanges, backends: []backend{be6a}}},
+			steps:    allow(steps6, map[uint32][]string{6: {"2001:db8:1::7/128", "2001:db8:1::9/128"}}),
+			check: func(t *testing.T, d *datapath) {
+				wantStats(t, d, 6, 5, flowBytes(admitted6, vip6, be6a)+flowBytes(denied6, vip6, be6a)+len(fromAdmitted6),
+					map[int]uint64{dropSourceRange: 1})
+			},
+		},
+	})
+}

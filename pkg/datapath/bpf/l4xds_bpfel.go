@@ -75,6 +75,11 @@ type L4xdsLbFragKey struct {
 	Pad   [2]uint8
 }
 
+type L4xdsLbRejectBucket struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
 type L4xdsLbSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -87,7 +92,7 @@ type L4xdsLbStats struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
-	Drops   [10]uint64
+	Drops   [11]uint64
 }
 
 type L4xdsLbSvc struct {
@@ -111,20 +116,23 @@ type L4xdsLbSvcKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	L4xdsMapL4xdsAffinity = "l4xds_affinity"
-	L4xdsMapL4xdsBackends = "l4xds_backends"
-	L4xdsMapL4xdsCt       = "l4xds_ct"
-	L4xdsMapL4xdsCtNew    = "l4xds_ct_new"
-	L4xdsMapL4xdsFrags    = "l4xds_frags"
-	L4xdsMapL4xdsMaglev   = "l4xds_maglev"
-	L4xdsMapL4xdsOldVips  = "l4xds_old_vips"
-	L4xdsMapL4xdsServices = "l4xds_services"
-	L4xdsMapL4xdsSrcrange = "l4xds_srcrange"
-	L4xdsMapL4xdsStats    = "l4xds_stats"
-	L4xdsMapL4xdsVips     = "l4xds_vips"
-	L4xdsProgL4xdsIngress = "l4xds_ingress"
-	L4xdsVarFibRedirect   = "fib_redirect"
-	L4xdsVarMaglevSize    = "maglev_size"
+	L4xdsMapL4xdsAffinity     = "l4xds_affinity"
+	L4xdsMapL4xdsBackends     = "l4xds_backends"
+	L4xdsMapL4xdsCt           = "l4xds_ct"
+	L4xdsMapL4xdsCtNew        = "l4xds_ct_new"
+	L4xdsMapL4xdsFrags        = "l4xds_frags"
+	L4xdsMapL4xdsMaglev       = "l4xds_maglev"
+	L4xdsMapL4xdsOldVips      = "l4xds_old_vips"
+	L4xdsMapL4xdsRejectBucket = "l4xds_reject_bucket"
+	L4xdsMapL4xdsServices     = "l4xds_services"
+	L4xdsMapL4xdsSrcrange     = "l4xds_srcrange"
+	L4xdsMapL4xdsStats        = "l4xds_stats"
+	L4xdsMapL4xdsVips         = "l4xds_vips"
+	L4xdsProgL4xdsIngress     = "l4xds_ingress"
+	L4xdsVarFibRedirect       = "fib_redirect"
+	L4xdsVarMaglevSize        = "maglev_size"
+	L4xdsVarRejectBurstNs     = "reject_burst_ns"
+	L4xdsVarRejectIntervalNs  = "reject_interval_ns"
 )
 
 // LoadL4xds returns the embedded CollectionSpec for L4xds.
@@ -176,25 +184,28 @@ type L4xdsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type L4xdsMapSpecs struct {
-	L4xdsAffinity *ebpf.MapSpec `ebpf:"l4xds_affinity"`
-	L4xdsBackends *ebpf.MapSpec `ebpf:"l4xds_backends"`
-	L4xdsCt       *ebpf.MapSpec `ebpf:"l4xds_ct"`
-	L4xdsCtNew    *ebpf.MapSpec `ebpf:"l4xds_ct_new"`
-	L4xdsFrags    *ebpf.MapSpec `ebpf:"l4xds_frags"`
-	L4xdsMaglev   *ebpf.MapSpec `ebpf:"l4xds_maglev"`
-	L4xdsOldVips  *ebpf.MapSpec `ebpf:"l4xds_old_vips"`
-	L4xdsServices *ebpf.MapSpec `ebpf:"l4xds_services"`
-	L4xdsSrcrange *ebpf.MapSpec `ebpf:"l4xds_srcrange"`
-	L4xdsStats    *ebpf.MapSpec `ebpf:"l4xds_stats"`
-	L4xdsVips     *ebpf.MapSpec `ebpf:"l4xds_vips"`
+	L4xdsAffinity     *ebpf.MapSpec `ebpf:"l4xds_affinity"`
+	L4xdsBackends     *ebpf.MapSpec `ebpf:"l4xds_backends"`
+	L4xdsCt           *ebpf.MapSpec `ebpf:"l4xds_ct"`
+	L4xdsCtNew        *ebpf.MapSpec `ebpf:"l4xds_ct_new"`
+	L4xdsFrags        *ebpf.MapSpec `ebpf:"l4xds_frags"`
+	L4xdsMaglev       *ebpf.MapSpec `ebpf:"l4xds_maglev"`
+	L4xdsOldVips      *ebpf.MapSpec `ebpf:"l4xds_old_vips"`
+	L4xdsRejectBucket *ebpf.MapSpec `ebpf:"l4xds_reject_bucket"`
+	L4xdsServices     *ebpf.MapSpec `ebpf:"l4xds_services"`
+	L4xdsSrcrange     *ebpf.MapSpec `ebpf:"l4xds_srcrange"`
+	L4xdsStats        *ebpf.MapSpec `ebpf:"l4xds_stats"`
+	L4xdsVips         *ebpf.MapSpec `ebpf:"l4xds_vips"`
 }
 
 // L4xdsVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type L4xdsVariableSpecs struct {
-	FibRedirect *ebpf.VariableSpec `ebpf:"fib_redirect"`
-	MaglevSize  *ebpf.VariableSpec `ebpf:"maglev_size"`
+	FibRedirect      *ebpf.VariableSpec `ebpf:"fib_redirect"`
+	MaglevSize       *ebpf.VariableSpec `ebpf:"maglev_size"`
+	RejectBurstNs    *ebpf.VariableSpec `ebpf:"reject_burst_ns"`
+	RejectIntervalNs *ebpf.VariableSpec `ebpf:"reject_interval_ns"`
 }
 
 // L4xdsObjects contains all objects after they have been loaded into the kernel.
@@ -217,17 +228,18 @@ func (o *L4xdsObjects) Close() error {
 //
 // It can be passed to LoadL4xdsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type L4xdsMaps struct {
-	L4xdsAffinity *ebpf.Map `ebpf:"l4xds_affinity"`
-	L4xdsBackends *ebpf.Map `ebpf:"l4xds_backends"`
-	L4xdsCt       *ebpf.Map `ebpf:"l4xds_ct"`
-	L4xdsCtNew    *ebpf.Map `ebpf:"l4xds_ct_new"`
-	L4xdsFrags    *ebpf.Map `ebpf:"l4xds_frags"`
-	L4xdsMaglev   *ebpf.Map `ebpf:"l4xds_maglev"`
-	L4xdsOldVips  *ebpf.Map `ebpf:"l4xds_old_vips"`
-	L4xdsServices *ebpf.Map `ebpf:"l4xds_services"`
-	L4xdsSrcrange *ebpf.Map `ebpf:"l4xds_srcrange"`
-	L4xdsStats    *ebpf.Map `ebpf:"l4xds_stats"`
-	L4xdsVips     *ebpf.Map `ebpf:"l4xds_vips"`
+	L4xdsAffinity     *ebpf.Map `ebpf:"l4xds_affinity"`
+	L4xdsBackends     *ebpf.Map `ebpf:"l4xds_backends"`
+	L4xdsCt           *ebpf.Map `ebpf:"l4xds_ct"`
+	L4xdsCtNew        *ebpf.Map `ebpf:"l4xds_ct_new"`
+	L4xdsFrags        *ebpf.Map `ebpf:"l4xds_frags"`
+	L4xdsMaglev       *ebpf.Map `ebpf:"l4xds_maglev"`
+	L4xdsOldVips      *ebpf.Map `ebpf:"l4xds_old_vips"`
+	L4xdsRejectBucket *ebpf.Map `ebpf:"l4xds_reject_bucket"`
+	L4xdsServices     *ebpf.Map `ebpf:"l4xds_services"`
+	L4xdsSrcrange     *ebpf.Map `ebpf:"l4xds_srcrange"`
+	L4xdsStats        *ebpf.Map `ebpf:"l4xds_stats"`
+	L4xdsVips         *ebpf.Map `ebpf:"l4xds_vips"`
 }
 
 func (m *L4xdsMaps) Close() error {
@@ -239,6 +251,7 @@ func (m *L4xdsMaps) Close() error {
 		m.L4xdsFrags,
 		m.L4xdsMaglev,
 		m.L4xdsOldVips,
+		m.L4xdsRejectBucket,
 		m.L4xdsServices,
 		m.L4xdsSrcrange,
 		m.L4xdsStats,
@@ -250,8 +263,10 @@ func (m *L4xdsMaps) Close() error {
 //
 // It can be passed to LoadL4xdsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type L4xdsVariables struct {
-	FibRedirect *ebpf.Variable `ebpf:"fib_redirect"`
-	MaglevSize  *ebpf.Variable `ebpf:"maglev_size"`
+	FibRedirect      *ebpf.Variable `ebpf:"fib_redirect"`
+	MaglevSize       *ebpf.Variable `ebpf:"maglev_size"`
+	RejectBurstNs    *ebpf.Variable `ebpf:"reject_burst_ns"`
+	RejectIntervalNs *ebpf.Variable `ebpf:"reject_interval_ns"`
 }
 
 // L4xdsPrograms contains all programs after they have been loaded into the kernel.

@@ -530,29 +530,35 @@ func runScenarios(t *testing.T, scenarios []scenario) {
 			for _, s := range sc.services {
 				d.addService(s)
 			}
-			for _, st := range sc.steps {
-				if st.before != nil {
-					st.before(d)
-				}
-				verdict, out := d.run(st.in)
-				if verdict != st.verdict {
-					t.Fatalf("%s: verdict %d, want %d", st.name, int32(verdict), int32(st.verdict))
-				}
-				want := st.want
-				if want == nil {
-					want = st.in
-				}
-				if !bytes.Equal(out, want) {
-					t.Fatalf("%s: packet differs\n got: %s\nwant: %s", st.name, hex.EncodeToString(out), hex.EncodeToString(want))
-				}
-				if verdict != verdictDrop {
-					verifyChecksums(t, st.name, out)
-				}
-			}
+			runSteps(t, d, sc.steps)
 			if sc.check != nil {
 				sc.check(t, d)
 			}
 		})
+	}
+}
+
+// runSteps runs the steps on d in order.
+func runSteps(t *testing.T, d *datapath, steps []step) {
+	t.Helper()
+	for _, st := range steps {
+		if st.before != nil {
+			st.before(d)
+		}
+		verdict, out := d.run(st.in)
+		if verdict != st.verdict {
+			t.Fatalf("%s: verdict %d, want %d", st.name, int32(verdict), int32(st.verdict))
+		}
+		want := st.want
+		if want == nil {
+			want = st.in
+		}
+		if !bytes.Equal(out, want) {
+			t.Fatalf("%s: packet differs\n got: %s\nwant: %s", st.name, hex.EncodeToString(out), hex.EncodeToString(want))
+		}
+		if verdict != verdictDrop {
+			verifyChecksums(t, st.name, out)
+		}
 	}
 }
 
