@@ -87,13 +87,18 @@ CHART_TEST := install/kubernetes/test
 # Each module is vetted once, fully, and tested with -vet=off: go test's own
 # vet would analyse every dependency a second time (the Cilium module is
 # vetted by lint only: its vet analyses all of Cilium).
+#
+# The chaos schedules against a real API server need the kube-apiserver and
+# etcd the kind tier builds: they run after it.
+KUBE_CHAOS := TestChaosKubernetesSchedules
 test: build
 	$(GO) vet $(PKGS)
-	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -vet=off -count=1 -timeout 20m $(PKGS)
+	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -vet=off -count=1 -timeout 20m -skip '^$(KUBE_CHAOS)$$' $(PKGS)
 	cd $(CHART_TEST) && $(GO) vet ./... && L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -vet=off -count=1 ./...
 	$(MAKE) test-cilium
 	cd test/kind && $(GO) vet ./...
 	./test/kind/run.sh
+	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -vet=off -count=1 -timeout 10m -run '^$(KUBE_CHAOS)$$' ./test/chaos
 	$(MAKE) test-control-plane
 
 # The control plane's module: its unit tests, and the Kubernetes source
@@ -128,13 +133,15 @@ soak: build
 # The fault schedules (test/chaos): one agent against two or three control
 # planes that are started, killed, restarted, hung and given new states at
 # random, its tables and status checked throughout; as root again with the
-# BPF datapath and live traffic. It prints CHAOS lines. `make test` runs a
-# minute of it (and half a minute as root); this target CHAOS_DURATION of
-# each, in which servers also stay hung through a settle (CHAOS_SEED replays
-# a run's schedule). No go test timeout: the run bounds its settles itself.
+# BPF datapath and live traffic; and two control planes in Kubernetes mode
+# against a real kube-apiserver and etcd that are paused and restarted (the
+# kind harness's binaries). It prints CHAOS lines. `make test` runs a minute
+# of it (half a minute as root, and in Kubernetes mode); this target
+# CHAOS_DURATION of each, in which servers also stay hung through a settle
+# (CHAOS_SEED replays a run's schedule). No go test timeout: the run bounds its settles itself.
 CHAOS_DURATION ?= 10m
 chaos: build
-	CHAOS_DURATION=$(CHAOS_DURATION) L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run '^(TestChaosFaultSchedules|TestPrivilegedChaosWithTraffic)$$' -timeout 0 ./test/chaos
+	CHAOS_DURATION=$(CHAOS_DURATION) L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run '^(TestChaosFaultSchedules|TestChaosKubernetesSchedules|TestPrivilegedChaosWithTraffic)$$' -timeout 0 ./test/chaos
 
 # Benchmarks, each printing `BENCH <name> key=value ...` lines besides Go's
 # own: the micro-benchmarks with Go's timing, then the end-to-end ones of

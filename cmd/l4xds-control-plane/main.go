@@ -30,6 +30,7 @@ import (
 	"github.com/l4xds/l4xds/cmd/l4xds-control-plane/kubesource"
 	"github.com/l4xds/l4xds/pkg/controlplane"
 	"github.com/l4xds/l4xds/pkg/devcerts"
+	"github.com/l4xds/l4xds/pkg/logging"
 	"github.com/l4xds/l4xds/pkg/version"
 )
 
@@ -119,7 +120,7 @@ type serveFlags struct {
 	leaderLease         string
 	cert, key, clientCA string
 	insecure            bool
-	logLevel            string
+	logLevel, logFormat string
 	skipValidation      bool
 }
 
@@ -168,7 +169,8 @@ waits; an empty answer would make it remove everything it serves. Plaintext
 HTTP on --health-listen answers /healthz (the process runs), /readyz (200
 once the first complete state is served; 503 with the reasons otherwise, such
 as an API server that does not answer) and /metrics (Prometheus: connected
-nodes, each node's ACKs, NACKs and ACKed version per type, readiness).`,
+nodes, each node's ACKs, NACKs and ACKed version per type, the time from a
+change to each node's ACK of it per type, readiness).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := prepare(f, stderr)
@@ -198,6 +200,7 @@ nodes, each node's ACKs, NACKs and ACKed version per type, readiness).`,
 	fl.StringVar(&f.clientCA, "client-ca", "", "CA certificates (PEM) that client certificates must chain to; re-read when it changes")
 	fl.BoolVar(&f.insecure, "insecure", false, "serve plaintext without client authentication (never in production)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug (also every ACK), info, warn (NACKs) or error")
+	fl.StringVar(&f.logFormat, "log-format", logging.Text, logging.FlagUsage)
 	fl.BoolVar(&f.skipValidation, "skip-validation", false, "serve resources that break the Envoy API's validation rules (to test clients' NACKs)")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "serve the LoadBalancer Services and Gateway API routes of this cluster (a kubeconfig file) and write their status")
 	fl.BoolVar(&f.inCluster, "in-cluster", false, "like --kubeconfig, for the cluster this pod runs in (its service account)")
@@ -232,7 +235,11 @@ func prepare(f serveFlags, stderr io.Writer) (*server, error) {
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	s := &server{f: f, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
+	log, err := logging.New(stderr, f.logFormat, level)
+	if err != nil {
+		return nil, err
+	}
+	s := &server{f: f, log: log}
 	kube := f.kubeconfig != "" || f.inCluster
 	if f.resources == "" && !kube {
 		return nil, errors.New("--resources, --kubeconfig or --in-cluster is required: what to serve")
@@ -252,7 +259,6 @@ func prepare(f serveFlags, stderr io.Writer) (*server, error) {
 	if f.leaderElect && !kube {
 		return nil, errors.New("--leader-elect needs --kubeconfig or --in-cluster: the Lease is in the cluster")
 	}
-	var err error
 	if s.election, err = election(f); err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -71,6 +72,7 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"serve", "--resources", good, "--insecure", "--cert", "c"}, "--insecure cannot be combined"},
 		{[]string{"serve", "--resources", bad, "--insecure", "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"}, bad + `: document 1 (cluster "a"): unknown field "prot" (line 3)`},
 		{[]string{"serve", "--resources", good, "--insecure", "--log-level", "loud"}, "--log-level"},
+		{[]string{"serve", "--resources", good, "--insecure", "--log-format", "yaml"}, `--log-format "yaml": want "text" or "json"`},
 		{[]string{"certs"}, "--out is required"},
 	}
 	for _, tt := range tests {
@@ -97,6 +99,27 @@ func TestServeStopsOnCancel(t *testing.T) {
 	}
 	if !strings.Contains(out, "total=2") || !strings.Contains(out, "Stopped") {
 		t.Fatalf("log:\n%s", out)
+	}
+}
+
+// --log-format=json logs one JSON object a line, with the same keys.
+func TestServeLogsJSON(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	out, err := run(ctx, "serve", "--resources", "../../examples/cfp.yaml", "--insecure", "--listen", "127.0.0.1:0", "--log-format", "json")
+	if err != nil {
+		t.Fatalf("serve: %v\n%s", err, out)
+	}
+	var applied bool
+	for line := range strings.Lines(out) {
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Fatalf("a line that is not JSON: %v\n%s", err, out)
+		}
+		applied = applied || (entry["msg"] == "Resources applied" && entry["total"] == float64(2))
+	}
+	if !applied {
+		t.Fatalf("no \"Resources applied\" line with total 2:\n%s", out)
 	}
 }
 

@@ -105,7 +105,8 @@ func TestServerMetrics(t *testing.T) {
 }
 
 // A Delta ACK names only the nonce: the version is the one of the response
-// it answers. A node's series go with its last stream.
+// it answers, for the ACKed version and the ACK latency alike. A node's
+// series go with its last stream.
 func TestServerMetricsDelta(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	env := startServerWith(t, Options{Registerer: reg})
@@ -131,6 +132,15 @@ func TestServerMetricsDelta(t *testing.T) {
 		"l4xds_control_plane_acks_total{" + cds + "}":                                                1,
 		"l4xds_control_plane_acked_version{" + cds + ",version=" + resp.GetSystemVersionInfo() + "}": 1,
 	})
+	// A change ACKed (by nonce): one ACK latency sample.
+	if err := env.srv.Set(withVIP(t, cfpResources(t), "10.1.2.4")); err != nil {
+		t.Fatal(err)
+	}
+	c.recv() // and ACK
+	waitForMetrics(t, reg, map[string]float64{"l4xds_control_plane_acks_total{" + cds + "}": 2})
+	if n := histogram(t, reg, "l4xds_control_plane_ack_latency_seconds", resource.ClusterType); n != 1 {
+		t.Fatalf("a Delta change ACKed: %d ACK latency samples, want 1", n)
+	}
 	cancel()
 	deadline := time.Now().Add(testTimeout)
 	for {
@@ -142,5 +152,79 @@ func TestServerMetricsDelta(t *testing.T) {
 			t.Fatalf("the node's series outlive its stream: %v", got)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// histogram is the sample count of name{type=typeURL}.
+func histogram(t *testing.T, reg *prometheus.Registry, name, typeURL string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "type" && l.GetValue() == typeURL {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// The ACK latency counts each published version once per stream that had
+// it sent as a change: not a node's first response after it connected (a
+// sync), not a NACK, not an ACK repeated.
+func TestServerAckLatency(t *testing.T) {
+	const name = "l4xds_control_plane_ack_latency_seconds"
+	reg := prometheus.NewRegistry()
+	env := startServerWith(t, Options{Registerer: reg})
+	if err := env.srv.Set(cfpResources(t)); err != nil {
+		t.Fatal(err)
+	}
+	c := env.sotw(t, map[string][]string{resource.ClusterType: nil})
+	first, _ := c.recv() // and ACK
+	cds := "node=node-1,type=" + resource.ClusterType
+	waitForMetrics(t, reg, map[string]float64{"l4xds_control_plane_acks_total{" + cds + "}": 1})
+	if n := histogram(t, reg, name, resource.ClusterType); n != 0 {
+		t.Fatalf("the first response of a new stream was measured: %d samples, want 0", n)
+	}
+
+	// A change ACKed: one sample.
+	if err := env.srv.Set(withVIP(t, cfpResources(t), "10.1.2.4")); err != nil {
+		t.Fatal(err)
+	}
+	second, _ := c.recv() // and ACK
+	waitForMetrics(t, reg, map[string]float64{"l4xds_control_plane_acks_total{" + cds + "}": 2})
+	if n := histogram(t, reg, name, resource.ClusterType); n != 1 {
+		t.Fatalf("a change ACKed once: %d samples, want 1", n)
+	}
+	// The same ACK again, and a NACK of the next change: no sample.
+	c.send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: second.GetVersionInfo(), ResponseNonce: second.GetNonce()})
+	if err := env.srv.Set(withVIP(t, cfpResources(t), "10.1.2.5")); err != nil {
+		t.Fatal(err)
+	}
+	third, err := c.stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.send(&discovery.DiscoveryRequest{
+		TypeUrl: resource.ClusterType, VersionInfo: second.GetVersionInfo(), ResponseNonce: third.GetNonce(),
+		ErrorDetail: &status.Status{Code: 3, Message: "no"},
+	})
+	waitForMetrics(t, reg, map[string]float64{
+		"l4xds_control_plane_acks_total{" + cds + "}":  3,
+		"l4xds_control_plane_nacks_total{" + cds + "}": 1,
+	})
+	if n := histogram(t, reg, name, resource.ClusterType); n != 1 {
+		t.Fatalf("after a repeated ACK and a NACK: %d samples, want 1", n)
+	}
+	if first.GetVersionInfo() == second.GetVersionInfo() {
+		t.Fatalf("two changes, one version %q", first.GetVersionInfo())
 	}
 }

@@ -85,6 +85,7 @@ type Server struct {
 	caches *typeCaches
 	grpc   *grpc.Server
 	health *health.Server
+	cb     *callbacks
 	cancel context.CancelFunc
 
 	// serving is closed by the first Set. Until then xDS streams wait: the
@@ -136,6 +137,7 @@ func NewServer(opts Options) *Server {
 	s := &Server{
 		log:     logger,
 		caches:  caches,
+		cb:      cb,
 		cancel:  cancel,
 		current: Resources{},
 		serving: make(chan struct{}),
@@ -280,6 +282,9 @@ func (s *Server) Set(res Resources) error {
 		if len(toUpdate) == 0 && len(toDelete) == 0 {
 			continue
 		}
+		// Noted before the cache answers its watches: an ACK may come
+		// back before UpdateResources returns.
+		s.cb.published.publish(typeURL, s.caches.updated(typeURL), time.Now())
 		if err := caches[typeURL].UpdateResources(toUpdate, toDelete); err != nil {
 			// The cache holds the new state; only notifying some watches
 			// failed.
@@ -318,12 +323,25 @@ type typeCaches struct {
 
 	mu     sync.Mutex
 	byType map[string]*cache.LinearCache
+	// updates counts each type's UpdateResources: its LinearCache's
+	// version is the prefix and this count.
+	updates map[string]uint64
 }
 
 var _ cache.Cache = (*typeCaches)(nil)
 
 func newTypeCaches(prefix string, logger *slog.Logger) *typeCaches {
-	return &typeCaches{prefix: prefix, log: &cacheLogger{logger}, byType: map[string]*cache.LinearCache{}}
+	return &typeCaches{prefix: prefix, log: &cacheLogger{logger}, byType: map[string]*cache.LinearCache{}, updates: map[string]uint64{}}
+}
+
+// updated counts an update of typeURL's cache, about to be made, and
+// returns the version the cache gives it (LinearCache counts its updates
+// from 1 after the prefix).
+func (t *typeCaches) updated(typeURL string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.updates[typeURL]++
+	return t.prefix + strconv.FormatUint(t.updates[typeURL], 10)
 }
 
 // get returns the cache of typeURL, made on first use. Caches are made only
@@ -389,6 +407,12 @@ type callbacks struct {
 	streams map[string]int                    // open streams by node ID
 	sent    map[int64]map[string]sentResponse // last response by stream and type (Delta)
 	acked   map[[2]string]string              // version label by node and type
+	// opened is when each stream sent its first request, and
+	// streamAcked the version each stream last ACKed per type: what the
+	// ACK latency is measured against.
+	opened      map[int64]time.Time
+	streamAcked map[int64]map[string]string
+	published   publishedVersions
 }
 
 // sentResponse is the nonce and version of a response: a Delta ACK names
@@ -397,7 +421,8 @@ type sentResponse struct{ nonce, version string }
 
 func newCallbacks(logger *slog.Logger) *callbacks {
 	c := &callbacks{log: logger, nodes: map[int64]*corev3.Node{}, streams: map[string]int{},
-		sent: map[int64]map[string]sentResponse{}, acked: map[[2]string]string{}}
+		sent: map[int64]map[string]sentResponse{}, acked: map[[2]string]string{},
+		opened: map[int64]time.Time{}, streamAcked: map[int64]map[string]string{}}
 	c.StreamClosedFunc = c.closed
 	c.DeltaStreamClosedFunc = c.closed
 	c.StreamRequestFunc = func(id int64, req *discovery.DiscoveryRequest) error {
@@ -434,6 +459,7 @@ func (c *callbacks) node(id int64, n *corev3.Node) string {
 		if _, known := c.nodes[id]; !known {
 			c.log.Info("xDS client connected", "node", n.GetId(), "cluster", n.GetCluster(), "stream", id)
 			c.streams[n.GetId()]++
+			c.opened[id] = time.Now()
 		} else if old := c.nodes[id].GetId(); old != n.GetId() {
 			c.streams[old]--
 			c.streams[n.GetId()]++
@@ -448,6 +474,8 @@ func (c *callbacks) closed(id int64, _ *corev3.Node) {
 	n, known := c.nodes[id]
 	delete(c.nodes, id)
 	delete(c.sent, id)
+	delete(c.opened, id)
+	delete(c.streamAcked, id)
 	last := false
 	if known {
 		c.streams[n.GetId()]--
@@ -487,6 +515,7 @@ func (c *callbacks) request(id int64, node, typeURL, nonce, version, detail stri
 		if c.metrics != nil {
 			c.metrics.acks.WithLabelValues(node, typeURL).Inc()
 			c.ackedVersion(node, typeURL, version)
+			c.ackLatency(id, typeURL, version)
 		}
 	default:
 		c.log.Debug("xDS client subscribed", "node", node, "type", typeURL, "stream", id)
@@ -509,4 +538,30 @@ func (c *callbacks) ackedVersion(node, typeURL, version string) {
 	}
 	c.acked[k] = version
 	c.metrics.version.WithLabelValues(node, typeURL, version).Set(1)
+}
+
+// ackLatency observes the time from version's publication to its first
+// ACK on stream id. A stream opened after the publication is not measured:
+// its first response is the node's sync, not the change reaching it.
+func (c *callbacks) ackLatency(id int64, typeURL, version string) {
+	if version == "" {
+		return
+	}
+	now := time.Now()
+	c.mu.Lock()
+	opened, open := c.opened[id]
+	if c.streamAcked[id][typeURL] == version || !open {
+		c.mu.Unlock()
+		return
+	}
+	if c.streamAcked[id] == nil {
+		c.streamAcked[id] = map[string]string{}
+	}
+	c.streamAcked[id][typeURL] = version
+	c.mu.Unlock()
+	at, ok := c.published.at(typeURL, version)
+	if !ok || opened.After(at) {
+		return
+	}
+	c.metrics.ackLatency.WithLabelValues(typeURL).Observe(now.Sub(at).Seconds())
 }

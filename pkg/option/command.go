@@ -9,13 +9,15 @@ import (
 
 	"github.com/cilium/hive"
 	"github.com/spf13/cobra"
+
+	"github.com/l4xds/l4xds/pkg/logging"
 )
 
 // AgentCommand returns the agent's root command: it registers the hive's
-// flags plus --config-dir, --config-file and --debug, merges the config
+// flags plus --config-dir, --config-file, --debug and --log-format, merges the config
 // sources under the flags and runs the hive until a signal.
 func AgentCommand(use, short string, h *hive.Hive) *cobra.Command {
-	var configDir, configFile string
+	var configDir, configFile, logFormat string
 	var debug bool
 	cmd := &cobra.Command{
 		Use:           use,
@@ -28,7 +30,10 @@ func AgentCommand(use, short string, h *hive.Hive) *cobra.Command {
 			if debug {
 				level = slog.LevelDebug
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			log, err := logging.New(os.Stderr, logFormat, level)
+			if err != nil {
+				return err
+			}
 			slog.SetDefault(log)
 			settings, err := Load(cmd.Flags(), configDir, configFile)
 			if err != nil {
@@ -44,6 +49,7 @@ func AgentCommand(use, short string, h *hive.Hive) *cobra.Command {
 	cmd.Flags().StringVar(&configDir, "config-dir", "", "Directory with one file per setting, named after the flag (a mounted ConfigMap)")
 	cmd.Flags().StringVar(&configFile, "config-file", "", "YAML file of settings keyed by flag name; accepts the CFP's xds-control-plane block")
 	cmd.Flags().BoolVar(&debug, "debug", false, "Log at debug level")
+	cmd.Flags().StringVar(&logFormat, "log-format", logging.Text, logging.FlagUsage)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "hive",
 		Short: "Print the agent's components and their dependencies",

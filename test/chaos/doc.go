@@ -18,4 +18,10 @@
 // TestPrivilegedChaosWithTraffic (root) runs the same schedules with the
 // BPF datapath on a namespace topology and live traffic through the
 // services every state serves alike, none of whose flows may fail.
+//
+// TestChaosKubernetesSchedules runs two control planes in Kubernetes mode
+// (leader election) against a real kube-apiserver and etcd, which its
+// schedules pause and restart, restarting control planes meanwhile; the
+// states are Services and EndpointSlices. It needs the binaries the kind
+// harness builds and skips without them (fails under L4XDS_KIND_REQUIRED=1).
 package chaos

@@ -185,7 +185,11 @@ func backendLine(addr netip.AddrPort, weight int, state string) string {
 }
 
 // view is what the agent's tables hold once they hold s.
-func (s *state) view() view {
+func (s *state) view() view { return s.viewAs(func(name string) string { return name }, true) }
+
+// viewAs is the view of s served under other cluster names (name), without
+// the endpoints' weights unless weighted.
+func (s *state) viewAs(name func(string) string, weighted bool) view {
 	v := view{frontends: map[string][]string{}}
 	for _, svc := range universe {
 		eps, ok := s.services[svc.name]
@@ -198,12 +202,16 @@ func (s *state) view() view {
 			if e.draining {
 				st = lb.BackendStateTerminating
 			}
-			line := backendLine(netip.AddrPortFrom(netns.BackendIPv4(e.backend), svc.port), e.weight, st.String())
+			weight := e.weight
+			if !weighted {
+				weight = 1
+			}
+			line := backendLine(netip.AddrPortFrom(netns.BackendIPv4(e.backend), svc.port), weight, st.String())
 			bes = append(bes, line)
-			v.backends = append(v.backends, svc.name+" "+line)
+			v.backends = append(v.backends, name(svc.name)+" "+line)
 		}
 		slices.Sort(bes)
-		v.frontends[frontendKey(svc.frontend(), svc.name)] = bes
+		v.frontends[frontendKey(svc.frontend(), name(svc.name))] = bes
 	}
 	slices.Sort(v.backends)
 	return v

@@ -414,6 +414,14 @@ type traffic struct {
 }
 
 func (c *cluster) startTraffic(t *testing.T, via ...node) *traffic {
+	return c.startTrafficTo(t, []target{{tcpVIP, "tcp"}, {udpVIP, "udp"}}, via...)
+}
+
+// target is a VIP:port the traffic probes, and its protocol (tcp, udp).
+type target struct{ vip, proto string }
+
+// startTrafficTo is startTraffic through the VIPs of targets.
+func (c *cluster) startTrafficTo(t *testing.T, targets []target, via ...node) *traffic {
 	if len(via) == 0 {
 		via = c.nodes
 	}
@@ -429,18 +437,29 @@ func (c *cluster) startTraffic(t *testing.T, via ...node) *traffic {
 			// Routes are the client's: switching them between batches sends
 			// alternate batches through each node.
 			n := via[i%len(via)]
-			for _, vip := range []string{tcpVIP, udpVIP} {
-				ip, _, _ := strings.Cut(vip, ":")
+			for _, p := range targets {
+				ip, _, _ := strings.Cut(p.vip, ":")
 				if _, err := c.run("docker", "exec", c.client, "ip", "route", "replace", ip+"/32", "via", n.ip); err != nil {
 					tr.add(nil, err)
 				}
 			}
-			for _, p := range []struct{ vip, proto string }{{tcpVIP, "tcp"}, {udpVIP, "udp"}} {
+			for _, p := range targets {
 				r, err := c.probe(p.vip, p.proto, 100)
 				tr.add(&r, err)
 				if err == nil && r.failed() > 0 {
+					// By kind: refused or unreachable is a datapath
+					// without the service's backends, a timeout a flow
+					// lost or a starved machine.
+					where := fmt.Sprintf("%s %s via %s", p.proto, p.vip, n.name)
 					tr.mu.Lock()
-					tr.fails[fmt.Sprintf("%s via %s", p.proto, n.name)] += r.failed()
+					counted := 0
+					for kind, k := range r.Errors {
+						tr.fails[where+": "+kind] += k
+						counted += k
+					}
+					if rest := r.failed() - counted; rest > 0 {
+						tr.fails[where] += rest
+					}
 					tr.mu.Unlock()
 				}
 			}

@@ -40,7 +40,11 @@ func (c *cluster) loadBalancer(t *testing.T, docs string) {
 	c.waitAgentsReady(t, 3*time.Minute)
 
 	t.Run("DNS through a LoadBalancer Service", func(t *testing.T) { c.dnsThroughVIP(t) })
-	t.Run("UDPRoute 70/30, a backend scaled to zero and back", func(t *testing.T) { c.weightedRoute(t) })
+	var gameVIP string
+	t.Run("UDPRoute 70/30, a backend scaled to zero and back", func(t *testing.T) { gameVIP = c.weightedRoute(t) })
+	if gameVIP != "" {
+		t.Run("control plane HA", func(t *testing.T) { c.controlPlaneHA(t, gameVIP) })
+	}
 	c.run("kubectl", "-n", ns, "delete", "service", dnsService)
 }
 
@@ -166,7 +170,8 @@ func (c *cluster) dns(server, proto, name string) (dnsReport, error) {
 // weightedRoute: a Gateway UDP listener whose UDPRoute splits 70/30 over
 // two Deployments; game-b scaled to zero has its 30 % refused (ICMP port
 // unreachable) and the route says so; scaled back, 70/30 with none refused.
-func (c *cluster) weightedRoute(t *testing.T) {
+// It returns the listener's VIP:port.
+func (c *cluster) weightedRoute(t *testing.T) string {
 	for _, d := range []string{gameA, gameB} {
 		c.apply(t, fmt.Sprintf(gameYAML, testNS, c.image, d, gamePort))
 		c.kubectl(t, "-n", testNS, "rollout", "status", "deploy/"+d, "--timeout", "3m")
@@ -204,6 +209,7 @@ func (c *cluster) weightedRoute(t *testing.T) {
 	c.kubectl(t, "-n", testNS, "rollout", "status", "deploy/"+gameB, "--timeout", "3m")
 	c.waitBackendsAvailable(t, "True")
 	c.checkRoute(t, gameB+" scaled back", vip, map[string]float64{gameA: 70, gameB: 30}, 0)
+	return vip
 }
 
 // waitBackendsAvailable waits until the route's l4xds.io/BackendsAvailable

@@ -99,7 +99,7 @@ func helpFlags(t *testing.T, name string, args ...string) map[string]string {
 // commandFlags are flags of the agent's command line, not settings: they
 // are read before the config dir, so a ConfigMap key of that name would be
 // accepted and silently do nothing.
-var commandFlags = map[string]bool{"config-dir": true, "config-file": true, "debug": true, "help": true}
+var commandFlags = map[string]bool{"config-dir": true, "config-file": true, "debug": true, "log-format": true, "help": true}
 
 // agentSettings is the agent's settings as a flag set of the right types,
 // built from l4xds-agent --help.

@@ -449,6 +449,19 @@ func TestControlPlaneVariants(t *testing.T) {
 		values string
 		check  func(t *testing.T, r *rendered)
 	}{
+		"JSON logs": {
+			values: `
+logFormat: json
+xdsControlPlane: {enabled: true, insecure: true}
+controlPlane: {enabled: true, insecure: true, existingConfigMap: my-resources, logFormat: json}`,
+			check: func(t *testing.T, r *rendered) {
+				cp := only[*appsv1.Deployment](t, r).Spec.Template.Spec.Containers[0]
+				agent := only[*appsv1.DaemonSet](t, r).Spec.Template.Spec.Containers[0]
+				if !slices.Contains(cp.Args, "--log-format=json") || !slices.Contains(agent.Args, "--log-format=json") {
+					t.Errorf("control plane args %q, agent args %q: want --log-format=json in both", cp.Args, agent.Args)
+				}
+			},
+		},
 		"existing ConfigMap, plaintext": {
 			values: `
 xdsControlPlane: {enabled: true, insecure: true}
