@@ -161,10 +161,14 @@ bench: build
 # convergence run alternately, three times each, each a fresh process,
 # the standalone agent's then the agent's inside Cilium; `BENCH
 # versus-cilium` lines with the medians (Documentation/performance.md).
+# As root, then, the real cilium-agent fed by Cilium's file source and by
+# our cell, alternately (`BENCH versus-cilium-file` lines).
 bench-cilium: build
 	GO=$(GO) ./test/bench/build-cilium-bench.sh cilium/go.mod $(BIN)/cilium-lb-bench
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench VersusCilium -benchtime=1x -count=1 -timeout 60m $(BENCH_E2E)
 	cd cilium && L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench VersusCilium -benchtime=1x -count=1 -timeout 60m ./l4xds
+	if [ "$$(id -u)" = 0 ]; then $(MAKE) -C cilium build && cd cilium && L4XDS_BIN=$(CURDIR)/$(BIN) L4XDS_CILIUM_BIN=$(CURDIR)/cilium/bin \
+		$(GO) test -run '^$$' -bench VersusCiliumFile -benchtime=1x -count=1 -timeout 120m ./internal/agenttest; fi
 
 # Runs every fuzzer for FUZZTIME (FUZZTIME=10m for longer), one at a time:
 # go test -fuzz takes one fuzzer per invocation. Each keeps its seeds, and
@@ -172,7 +176,7 @@ bench-cilium: build
 # `go test` runs as tests.
 FUZZTIME ?= 30s
 FUZZERS  := ./pkg/l4lb:FuzzTranslateCluster ./pkg/xds:FuzzClientSotW ./pkg/xds:FuzzClientDelta \
-	./pkg/controlplane:FuzzParseResources
+	./pkg/controlplane:FuzzParseResources ./pkg/datapath:FuzzDatapath
 fuzz:
 	@set -e; for f in $(FUZZERS); do \
 		echo "fuzz $${f#*:} ($${f%%:*}) for $(FUZZTIME)"; \

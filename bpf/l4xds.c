@@ -66,29 +66,32 @@ char __license[] SEC("license") = "Dual BSD/GPL";
  * is remembered in the forward entry, whose client's ACK of it establishes
  * the flow; anything else but a RST means the backend's side is
  * established. A backend answering a spoofed SYN sends SYN-ACKs only, to a
- * client that never acknowledges them. */
-static __always_inline void reply_new(const struct pkt *p,
-				      const struct lb_ct_key *rk,
-				      struct lb_ct_entry *h, __u64 now)
+ * client that never acknowledges them. -1: the entry is stale
+ * (half_open_stale), the answer not the flow's. */
+static __always_inline int reply_new(const struct pkt *p,
+				     const struct lb_ct_key *rk,
+				     struct lb_ct_entry *h, __u64 now)
 {
 	struct lb_ct_key fk = {};
 	struct lb_ct_entry ce;
 	struct lb_ct_entry *f;
 
-	forward_key(&fk, rk, h->vip, h->vip_port);
+	f = half_open_forward(&fk, rk, h);
+	if (half_open_stale(f, h))
+		return -1;
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_SYN)) {
-		f = bpf_map_lookup_elem(&l4xds_ct_new, &fk);
-		if (f && !(f->flags & CT_F_SYNACK)) {
+		if (f && (f->flags & (CT_F_NEW | CT_F_SYNACK)) == CT_F_NEW) {
 			f->synack_ack = bpf_htonl(bpf_ntohl(p->seq) + 1);
 			f->flags |= CT_F_SYNACK;
 		}
-		return;
+		return 0;
 	}
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
-		return;
+		return 0;
 	__builtin_memcpy(&ce, h, sizeof(ce));
 	ce.flags |= tcp_closing(p) ? CT_F_CLOSING : 0;
 	ct_promote(&fk, rk, &ce, now);
+	return 0;
 }
 
 /* A backend's reply: restore the VIP as source. The entries of a flow are
@@ -119,7 +122,8 @@ __noinline int handle_reply(struct __sk_buff *skb, const struct pkt *p)
 		svc_id = e->svc_id;
 		if (is_v4mapped(vip) == p->v6)
 			return TCX_NEXT;
-		reply_new(p, &key, e, now);
+		if (reply_new(p, &key, e, now) < 0)
+			return VERDICT_CONTINUE;
 		goto rewrite;
 	}
 

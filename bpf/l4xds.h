@@ -213,7 +213,9 @@ enum {
  * bucket kept as one time, in the form of GCRA's virtual scheduling. A
  * reject at now is allowed if max(tat, now) + reject_interval_ns - now <=
  * reject_burst_ns, and then moves tat to max(tat, now) + reject_interval_ns.
- * A tat at or before now is a full bucket (0 at first). */
+ * A tat at or before now is a full bucket (0 at first); one more than
+ * reject_burst_ns ahead (left in the pinned map by a larger limit) is
+ * taken as now + reject_burst_ns, an empty one. */
 struct lb_reject_bucket {
 	__u64 tat; /* bpf_ktime_get_ns() at which the bucket is full again */
 };

@@ -147,6 +147,35 @@ static __always_inline void forward_key(struct lb_ct_key *fk,
 	fk->dir = CT_FORWARD;
 }
 
+/* The forward entry of the flow whose reply entry in l4xds_ct_new is rk,
+ * h (its key in fk): in l4xds_ct_new, or in l4xds_ct if established on
+ * another CPU meanwhile; NULL if the LRU evicted it. */
+static __always_inline struct lb_ct_entry *
+half_open_forward(struct lb_ct_key *fk, const struct lb_ct_key *rk,
+		  const struct lb_ct_entry *h)
+{
+	struct lb_ct_entry *f;
+
+	forward_key(fk, rk, h->vip, h->vip_port);
+	f = bpf_map_lookup_elem(&l4xds_ct_new, fk);
+	if (!f)
+		f = bpf_map_lookup_elem(&l4xds_ct, fk);
+	return f;
+}
+
+/* Whether the half-open reply entry h is stale: its flow's forward entry
+ * f names another backend. The flow has gone elsewhere since (its backend
+ * was removed, and the client's next packet went to another one), and
+ * what this backend, or a router in front of it, sends about it is not
+ * the flow's: taken as the flow's, a SYN-ACK would hand the client this
+ * backend's sequence numbers, an answer take an established flow back to
+ * it, an ICMP error abort the client's connect. */
+static __always_inline int half_open_stale(const struct lb_ct_entry *f,
+					   const struct lb_ct_entry *h)
+{
+	return f && (f->backend_id != h->backend_id || f->svc_id != h->svc_id);
+}
+
 /* Writes a new flow's entries into l4xds_ct_new: the forward entry fk
  * (which backend) and the reply entry rk (which VIP to restore, for the
  * backend's SYN-ACK or first answer). An established flow of the same

@@ -54,8 +54,9 @@ struct icmp_quote_l4 {
  * same (skb->csum of CHECKSUM_COMPLETE holds). An error to a backend
  * whose flow's client is outside the service's source ranges is dropped
  * (LB_DROP_SOURCE_RANGE). Anything else (errors of no flow, or of a flow
- * whose service is gone, echo, ...) is VERDICT_CONTINUE, but neighbour
- * discovery, which passes. */
+ * whose service is gone, or about a backend a flow not established yet
+ * has left (half_open_stale), echo, ...) is VERDICT_CONTINUE, but
+ * neighbour discovery, which passes. */
 __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct icmp_err_hdr icmp;
@@ -91,16 +92,30 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 
 	if (p->v6) {
 		struct ipv6hdr ip6;
+		__u8 nexthdr;
 
 		if (bpf_skb_load_bytes(skb, in_off, &ip6, sizeof(ip6)) < 0 ||
 		    ip6.version != 6)
 			return VERDICT_CONTINUE;
-		if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
+		nexthdr = ip6.nexthdr;
+		in_l3 = sizeof(ip6);
+		/* A first fragment (a datagram too big for the path, which
+		 * its sender fragmented) has its ports after the Fragment
+		 * header; a later one quotes none. */
+		if (nexthdr == IPV6_NEXTHDR_FRAGMENT) {
+			struct ipv6_frag_hdr fh;
+
+			if (bpf_skb_load_bytes(skb, in_off + sizeof(ip6), &fh, sizeof(fh)) < 0 ||
+			    (fh.frag_off & bpf_htons(IP6_OFFSET)))
+				return VERDICT_CONTINUE;
+			nexthdr = fh.nexthdr;
+			in_l3 += sizeof(fh);
+		}
+		if (nexthdr != IPPROTO_TCP && nexthdr != IPPROTO_UDP)
 			return VERDICT_CONTINUE;
-		key.proto = ip6.nexthdr;
+		key.proto = nexthdr;
 		__builtin_memcpy(key.saddr, &ip6.daddr, 16);
 		__builtin_memcpy(key.daddr, &ip6.saddr, 16);
-		in_l3 = sizeof(ip6);
 	} else {
 		struct iphdr ip;
 
@@ -132,8 +147,13 @@ __noinline int handle_icmp_error(struct __sk_buff *skb, const struct pkt *p)
 	now = bpf_ktime_get_ns();
 	key.dir = CT_REPLY;
 	e = ct_lookup(&l4xds_ct, &key, now);
-	if (!e)
+	if (!e) {
+		struct lb_ct_key fk = {};
+
 		e = ct_lookup(&l4xds_ct_new, &key, now);
+		if (e && half_open_stale(half_open_forward(&fk, &key, e), e))
+			return VERDICT_CONTINUE;
+	}
 	if (e) {
 		reply = 1;
 		svc_id = e->svc_id;

@@ -214,9 +214,11 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		if (nexthdr == IPV6_NEXTHDR_FRAGMENT) {
 			struct ipv6_frag_hdr *fh;
 
+			/* Cut short: malformed, not the stack's (which would
+			 * forward it without reading it). */
 			fh = skb_header(skb, ETH_HLEN + sizeof(*ip6), sizeof(*fh));
 			if (!fh)
-				return PARSE_PASS;
+				return PARSE_MALFORMED;
 			if (fh->nexthdr != IPPROTO_TCP && fh->nexthdr != IPPROTO_UDP) {
 				p->untranslated = ipv6_untranslated(fh->nexthdr);
 				return PARSE_UNTRANSLATED;

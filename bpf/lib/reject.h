@@ -17,6 +17,13 @@ static __always_inline int reject_allowed(__u64 now)
 	if (!b)
 		return 0;
 	tat = b->tat > now ? b->tat : now;
+	/* Further ahead than this limit takes it: a bucket of a larger
+	 * limit (the map is pinned, and an agent restarted with a smaller
+	 * one finds it as it was). It is this limit's empty bucket. */
+	if (tat - now > reject_burst_ns) {
+		tat = now + reject_burst_ns;
+		b->tat = tat;
+	}
 	if (tat + reject_interval_ns - now > reject_burst_ns)
 		return 0;
 	b->tat = tat + reject_interval_ns;
@@ -24,15 +31,32 @@ static __always_inline int reject_allowed(__u64 now)
 }
 
 /* A new flow refused (no usable backend, or the service's reject share):
- * VERDICT_REJECT to answer it, counted as LB_DROP_NO_BACKEND. A RST is
- * never answered: dropped, counted the same, and it takes nothing from the
- * bucket. Over the reject limit the packet is dropped and counted as
+ * VERDICT_REJECT to answer it, counted as LB_DROP_NO_BACKEND. A RST, and a
+ * packet from a source that names no single host, are never answered:
+ * dropped, counted the same, and they take nothing from the bucket. Over the reject limit the packet is dropped and counted as
  * LB_DROP_REJECT_LIMIT: rejects are answers to whatever source a packet
  * names, so unlimited they would reflect a flood of spoofed sources onto
  * its victims. */
+/* Whether the packet's source names no single host: IPv4 0/8, multicast,
+ * class E and the limited broadcast (224.0.0.0 and up), IPv6 unspecified
+ * or multicast. No refusal goes to such a source (RFC 1122 3.2.2, RFC 4443
+ * 2.4 e): it would reach many hosts, or none. */
+static __always_inline int source_not_unicast(const struct pkt *p)
+{
+	if (!p->v6) {
+		__u8 first = bpf_ntohl(p->saddr[3]) >> 24;
+
+		return first == 0 || first >= 224;
+	}
+	if ((bpf_ntohl(p->saddr[0]) >> 24) == 0xff)
+		return 1;
+	return !(p->saddr[0] | p->saddr[1] | p->saddr[2] | p->saddr[3]);
+}
+
 static __always_inline int refuse(const struct pkt *p, __u32 svc_id, __u64 now)
 {
-	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST)) {
+	if ((p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST)) ||
+	    source_not_unicast(p)) {
 		count_drop(svc_id, LB_DROP_NO_BACKEND);
 		return TCX_DROP;
 	}

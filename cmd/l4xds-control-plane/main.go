@@ -31,6 +31,7 @@ import (
 	"github.com/l4xds/l4xds/pkg/controlplane"
 	"github.com/l4xds/l4xds/pkg/devcerts"
 	"github.com/l4xds/l4xds/pkg/logging"
+	"github.com/l4xds/l4xds/pkg/tlsmetrics"
 	"github.com/l4xds/l4xds/pkg/version"
 )
 
@@ -170,7 +171,8 @@ HTTP on --health-listen answers /healthz (the process runs), /readyz (200
 once the first complete state is served; 503 with the reasons otherwise, such
 as an API server that does not answer) and /metrics (Prometheus: connected
 nodes, each node's ACKs, NACKs and ACKed version per type, the time from a
-change to each node's ACK of it per type, readiness).`,
+change to each node's ACK of it per type, readiness, when the TLS
+certificates expire).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := prepare(f, stderr)
@@ -303,6 +305,13 @@ func (s *server) run(ctx context.Context, lis, hlis net.Listener) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if !f.insecure {
+		// Read at scrape time, as the handshakes re-read them.
+		reg.MustRegister(tlsmetrics.New(
+			tlsmetrics.File{Role: "server", Path: f.cert},
+			tlsmetrics.File{Role: "client-ca", Path: f.clientCA, Bundle: true},
+		))
+	}
 	srv := controlplane.NewServer(controlplane.Options{TLS: s.tls, Logger: log, Registerer: reg, MaxConnectionAge: f.maxConnectionAge})
 	health := controlplane.NewHealth(srv)
 	health.Register(reg)
@@ -349,9 +358,10 @@ func (s *server) run(ctx context.Context, lis, hlis net.Listener) error {
 		Publish: func(res controlplane.Resources) ([]controlplane.Conflict, error) {
 			return sources.Set(kubesource.SourceName, res)
 		},
-		Problem:  func(err error) { health.Report(kubesource.SourceName, err) },
-		Election: s.election,
-		Logger:   log,
+		Problem:    func(err error) { health.Report(kubesource.SourceName, err) },
+		Election:   s.election,
+		Logger:     log,
+		Registerer: reg,
 	})
 	if err != nil {
 		return err

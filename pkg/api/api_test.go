@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +37,7 @@ type fixture struct {
 	client *Client
 	socket string
 	health *health.Registry
+	ready  *health.Readiness
 }
 
 // serve runs the API on a socket in a temp dir, as the agent does, over a
@@ -52,7 +54,7 @@ func serve(t *testing.T) fixture {
 	tbl.Insert(txn, row{"b", "2"})
 	txn.Commit()
 
-	reg := health.NewRegistry()
+	reg, ready := health.NewRegistry(), health.NewReadiness()
 	cmds := map[string]script.Cmd{}
 	for _, c := range statedb.ScriptCommands(db).ScriptCmds {
 		cmds[c.Name] = c.Cmd
@@ -69,10 +71,10 @@ func serve(t *testing.T) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: NewHandler(db, reg, cmds, Settings{"datapath": "none"})}
+	srv := &http.Server{Handler: NewHandler(db, reg, ready, cmds, Settings{"datapath": "none"})}
 	go srv.Serve(lis)
 	t.Cleanup(func() { srv.Close() })
-	return fixture{client: NewClient(socket), socket: socket, health: reg}
+	return fixture{client: NewClient(socket), socket: socket, health: reg, ready: ready}
 }
 
 func TestSocketIsRootsOnly(t *testing.T) {
@@ -144,6 +146,41 @@ func TestHealthzIsUnavailableWhileDegraded(t *testing.T) {
 	rep, err = f.client.Health(context.Background())
 	if err != nil || rep.OK || !strings.Contains(rep.Statuses[0].String(), "xds: Degraded: disconnected from xds:9000") {
 		t.Errorf("health = %+v, %v; want degraded with the reason", rep, err)
+	}
+}
+
+// Readiness is its own: not ready until every condition is met, then ready
+// whatever the health, degraded included; /healthz carries both.
+func TestReadyzFollowsReadinessNotHealth(t *testing.T) {
+	f := serve(t)
+	readyz := func() int {
+		t.Helper()
+		resp, err := (&http.Client{Transport: f.client.transport}).Get("http://agent/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	met := f.ready.Add("datapath: the first complete state in the maps")
+	xds := f.health.Root().NewScope("xds")
+	xds.OK("connected to xds:9000")
+	if code := readyz(); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz %d before the first state, want 503", code)
+	}
+	rep, err := f.client.Health(context.Background())
+	if err != nil || rep.Ready || !slices.Equal(rep.Waiting, []string{"datapath: the first complete state in the maps"}) {
+		t.Errorf("health = %+v, %v; want not ready, waiting for the datapath", rep, err)
+	}
+
+	met()
+	xds.Degraded("disconnected from xds:9000", os.ErrDeadlineExceeded)
+	if code := readyz(); code != http.StatusOK {
+		t.Errorf("/readyz %d once the state is served, degraded, want 200", code)
+	}
+	rep, err = f.client.Health(context.Background())
+	if err != nil || !rep.Ready || rep.OK || len(rep.Waiting) != 0 {
+		t.Errorf("health = %+v, %v; want ready and degraded", rep, err)
 	}
 }
 

@@ -2,7 +2,7 @@
 
 // Package api serves the agent's local API on a unix socket: the StateDB
 // tables (/statedb/, the handler that statedb.RemoteTable and l4xds-dbg
-// read), the hive shell (/shell), health (/healthz), the agent's settings
+// read), the hive shell (/shell), health (/healthz), readiness (/readyz), the agent's settings
 // (/config) and Go's profiles (/debug/pprof/, as net/http/pprof serves
 // them: `go tool pprof` reads them through the socket).
 package api
@@ -44,9 +44,14 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("api-socket", def.APISocket, "Unix socket of the local API (statedb, shell, health); mode 0600")
 }
 
-// HealthReport is the body of /healthz.
+// HealthReport is the body of /healthz and /readyz.
 type HealthReport struct {
-	OK       bool            `json:"ok"`
+	// OK: no component is degraded.
+	OK bool `json:"ok"`
+	// Ready: the agent serves (health.Readiness); Waiting are the
+	// conditions not met yet.
+	Ready    bool            `json:"ready"`
+	Waiting  []string        `json:"waiting,omitempty"`
 	Statuses []health.Status `json:"statuses"`
 }
 
@@ -55,7 +60,7 @@ type HealthReport struct {
 type Settings map[string]any
 
 // NewHandler returns the API's routes.
-func NewHandler(db *statedb.DB, reg *health.Registry, cmds map[string]script.Cmd, settings Settings) http.Handler {
+func NewHandler(db *statedb.DB, reg *health.Registry, ready *health.Readiness, cmds map[string]script.Cmd, settings Settings) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/statedb/", http.StripPrefix("/statedb", db.HTTPHandler()))
 	// On the socket only (mode 0600): the profiles of a node's agent are
@@ -68,13 +73,27 @@ func NewHandler(db *statedb.DB, reg *health.Registry, cmds map[string]script.Cmd
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(settings)
 	})
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+	report := func() HealthReport {
 		rep := HealthReport{OK: len(reg.Degraded()) == 0, Statuses: reg.All()}
+		rep.Waiting = ready.Waiting()
+		rep.Ready = len(rep.Waiting) == 0
+		return rep
+	}
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		rep := report()
 		w.Header().Set("Content-Type", "application/json")
 		if !rep.OK {
 			// 503 while any component is degraded (e.g. the xDS server
-			// unreachable): fit for readiness, not for liveness: the
-			// datapath keeps forwarding meanwhile.
+			// unreachable). Neither for liveness nor for readiness: the
+			// datapath keeps forwarding meanwhile (/readyz).
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		json.NewEncoder(w).Encode(rep)
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		rep := report()
+		w.Header().Set("Content-Type", "application/json")
+		if !rep.Ready {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		json.NewEncoder(w).Encode(rep)
@@ -118,6 +137,7 @@ type params struct {
 	Log       *slog.Logger
 	DB        *statedb.DB
 	Health    *health.Registry
+	Ready     *health.Readiness
 	Cmds      hive.ScriptCmds
 	Settings  cell.AllSettings
 }
@@ -128,7 +148,7 @@ func register(p params) {
 		return
 	}
 	srv := &http.Server{
-		Handler:           NewHandler(p.DB, p.Health, p.Cmds.Map(), Settings(p.Settings)),
+		Handler:           NewHandler(p.DB, p.Health, p.Ready, p.Cmds.Map(), Settings(p.Settings)),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	p.Lifecycle.Append(cell.Hook{

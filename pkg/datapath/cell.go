@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/l4xds/l4xds/pkg/health"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
 )
 
@@ -47,7 +48,12 @@ type params struct {
 	Hooks     Hooks `optional:"true"`
 	// Metrics is the agent's registry (metrics.Cell), when it has one.
 	Metrics prometheus.Registerer `optional:"true"`
+	// Ready is the agent's readiness (health.Cell), when it has one.
+	Ready *health.Readiness `optional:"true"`
 }
+
+// ReadinessCondition is the datapath's condition of the agent's readiness.
+const ReadinessCondition = "datapath: the first complete state is served"
 
 // register validates the configuration and, for the BPF datapath, appends
 // the loader to the lifecycle and registers the reconciler, whose jobs start
@@ -56,8 +62,23 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 	if err := p.Config.Validate(); err != nil {
 		return nil, err
 	}
+	// Ready once the first complete state (the xDS client's, or none with
+	// the client disabled: the tables' initializers) is served, and from
+	// then on whatever happens to the xDS side (health.Readiness).
+	var met func()
+	if p.Ready != nil {
+		met = p.Ready.Add(ReadinessCondition)
+	}
 	if p.Config.Datapath == "none" {
 		p.Log.Info("Datapath disabled (--datapath=none): the tables are kept but no traffic is forwarded")
+		if met != nil {
+			p.Jobs.NewGroup(p.Health).Add(job.OneShot("readiness", func(ctx context.Context, _ cell.Health) error {
+				if waitInitialized(ctx, p) {
+					met()
+				}
+				return nil
+			}))
+		}
 		return nil, nil
 	}
 
@@ -113,6 +134,18 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 	if err != nil {
 		return nil, err
 	}
+	if met != nil {
+		jobs.Add(job.OneShot("readiness", func(ctx context.Context, _ cell.Health) error {
+			if !waitInitialized(ctx, p) {
+				return nil
+			}
+			if _, _, err := r.WaitUntilReconciled(ctx, p.Frontends.Revision(p.DB.ReadTxn())); err != nil {
+				return nil // stopping
+			}
+			met()
+			return nil
+		}))
+	}
 	jobs.Add(job.OneShot("commit-new-maps", func(ctx context.Context, _ cell.Health) error {
 		if dp == nil || !dp.Staged() {
 			return nil
@@ -122,18 +155,27 @@ func register(p params) (reconciler.Reconciler[*lb.Frontend], error) {
 	return r, nil
 }
 
+// waitInitialized waits until the frontends table is initialized: its
+// sources have written their first complete state. False: stopping.
+func waitInitialized(ctx context.Context, p params) bool {
+	if initialized, watch := p.Frontends.Initialized(p.DB.ReadTxn()); !initialized {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-watch:
+		}
+	}
+	return true
+}
+
 // commitWhenFilled switches to the staged datapath (Datapath.Commit) once
 // its new maps hold the control plane's first full state: the frontends
 // table is initialized and the reconciler has written every frontend of it
 // once. Until then, however long the control plane takes, the previous
 // program forwards with the pinned maps.
 func commitWhenFilled(ctx context.Context, p params, r reconciler.Reconciler[*lb.Frontend], dp *Datapath) error {
-	if initialized, watch := p.Frontends.Initialized(p.DB.ReadTxn()); !initialized {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-watch:
-		}
+	if !waitInitialized(ctx, p) {
+		return nil
 	}
 	if _, _, err := r.WaitUntilReconciled(ctx, p.Frontends.Revision(p.DB.ReadTxn())); err != nil {
 		return nil // stopping

@@ -46,6 +46,9 @@ type Config struct {
 	// are dropped (counted as reject limit). 0: none are sent.
 	LBRejectRate  uint
 	LBRejectBurst uint
+	// DatapathServiceMetrics exports the counters of every frontend: 13
+	// series per frontend on every node, which a large fleet may not want.
+	DatapathServiceMetrics bool
 }
 
 // The bounds of --lb-reject-rate and --lb-reject-burst: beyond a million
@@ -93,8 +96,9 @@ var DefaultConfig = Config{
 	LBRemovedVIPGrace: 5 * time.Minute,
 	// Linux's limit of the ICMP errors a node sends (icmp_msgs_per_sec,
 	// icmp_msgs_burst).
-	LBRejectRate:  1000,
-	LBRejectBurst: 50,
+	LBRejectRate:           1000,
+	LBRejectBurst:          50,
+	DatapathServiceMetrics: true,
 }
 
 func (def Config) Flags(flags *pflag.FlagSet) {
@@ -108,6 +112,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint("lb-conntrack-max", def.LBConntrackMax, "Entries of the conntrack map of established flows, two per flow (forward and reply); a changed size makes the map anew at start, with the entries of the old one")
 	flags.Uint("lb-conntrack-new-max", def.LBConntrackNewMax, "Entries of the conntrack map of flows not established yet (TCP before the client's ACK of the backend's SYN-ACK, UDP before the backend's first answer), two per flow; floods of new flows churn this map only")
 	flags.Uint("lb-affinity-max", def.LBAffinityMax, "Entries of the client affinity map: clients of services with session affinity (one per client and service), written once a flow is established")
+	flags.Bool("datapath-service-metrics", def.DatapathServiceMetrics, "Export the packet, byte and drop counters of every frontend (l4xds_datapath_service_*): 13 series per frontend; the drops no frontend is charged with are exported either way")
 	flags.Duration("lb-removed-vip-grace", def.LBRemovedVIPGrace, "How long packets to a VIP whose last frontend was removed are still dropped (counted as removed vip) rather than passed to the node's stack, which may route them back; 0: not at all")
 	flags.Uint("lb-reject-rate", def.LBRejectRate, "Rejects (TCP RST, ICMP port unreachable to the new flows a frontend refuses) the node sends a second at most, each CPU its share; beyond, refused packets are dropped (counted as reject limit); 0: none are sent")
 	flags.Uint("lb-reject-burst", def.LBRejectBurst, "The most rejects the node sends at once, the bucket that --lb-reject-rate refills, each CPU its share (at least one)")

@@ -169,8 +169,19 @@ func Load(log *slog.Logger, cfg Config) (_ *Datapath, err error) {
 		log.Info("Devices detected", "devices", devices)
 	}
 	d.devices = devices
-	if len(d.staged) > 0 {
+	if len(d.staged) > 0 && !onlyFlowMaps(d.staged) {
 		log.Info("The attached program keeps forwarding with the pinned maps until the new maps are filled", "new", d.staged)
+		return d, nil
+	}
+	if len(d.staged) > 0 {
+		// Only flow maps, filled by copyFlows: the ID maps are the
+		// pinned ones, which need nothing from the control plane.
+		// Used at once, so that the flows the previous program
+		// establishes after the copy are not lost.
+		log.Info("The flow maps made anew are used at once", "new", d.staged)
+		if err := d.Commit(log); err != nil {
+			return nil, err
+		}
 		return d, nil
 	}
 	if err := d.attach(log, devices); err != nil {

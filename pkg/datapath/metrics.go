@@ -34,7 +34,8 @@ import (
 // unknown_port) have frontend="" and service="". reason is the DropReason
 // in snake case: no_backend, source_range, unknown_port, fragment,
 // malformed, backend_family, protocol, icmp, ipv6_extension, removed_vip,
-// reject_limit.
+// reject_limit. With --datapath-service-metrics=false only the latter are
+// exported: the others are 13 series per frontend on every node.
 const metricsPrefix = "l4xds_datapath_"
 
 // Frontend statuses as exported; a refreshing frontend (a periodic rewrite
@@ -59,6 +60,8 @@ type metrics struct {
 
 	db        *statedb.DB
 	frontends statedb.Table[*lb.Frontend]
+	// perFrontend is --datapath-service-metrics.
+	perFrontend bool
 
 	frontendsDesc, packetsDesc, bytesDesc, dropsDesc *prometheus.Desc
 
@@ -117,6 +120,7 @@ func newMetrics(db *statedb.DB, frontends statedb.Table[*lb.Frontend]) *metrics 
 // maps are read from its start until its stop, before they are closed.
 func registerMetrics(p params, o *ops) (*metrics, error) {
 	m := newMetrics(p.DB, p.Frontends)
+	m.perFrontend = p.Config.DatapathServiceMetrics
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error { m.setMaps(o.pinned); return nil },
 		OnStop:  func(cell.HookContext) error { m.setMaps(nil); return nil },
@@ -200,6 +204,20 @@ func (m *metrics) collectServices(ch chan<- prometheus.Metric, txn statedb.ReadT
 			counter(m.dropsDesc, s.Drops[r], frontend, service, dropReasonLabel(r))
 		}
 	}
+	if m.perFrontend {
+		m.collectFrontends(ch, txn, counter, drops)
+	}
+	s, err := m.maps.ServiceStats(0)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(m.dropsDesc, err)
+		return
+	}
+	drops(s, "", "")
+}
+
+// collectFrontends reads the counters of every service in the services map.
+func (m *metrics) collectFrontends(ch chan<- prometheus.Metric, txn statedb.ReadTxn,
+	counter func(*prometheus.Desc, uint64, ...string), drops func(Stats, string, string)) {
 	for svc, err := range m.maps.Services() {
 		if err != nil {
 			ch <- prometheus.NewInvalidMetric(m.packetsDesc, err)
@@ -219,10 +237,4 @@ func (m *metrics) collectServices(ch chan<- prometheus.Metric, txn statedb.ReadT
 		counter(m.bytesDesc, s.Bytes, frontend, name)
 		drops(s, frontend, name)
 	}
-	s, err := m.maps.ServiceStats(0)
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(m.dropsDesc, err)
-		return
-	}
-	drops(s, "", "")
 }

@@ -214,3 +214,45 @@ l4xds_datapath_service_packets_total{frontend="10.1.2.3:3306/TCP",service="db"} 
 		t.Errorf("%d service counters after stop", n)
 	}
 }
+
+// --datapath-service-metrics=false leaves out the counters of every
+// frontend (13 series per frontend and node); the drops no frontend is
+// charged with stay.
+func TestPrivilegedMetricsWithoutServiceCounters(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	cfg := testConfig(root)
+	cfg.DatapathServiceMetrics = false
+	a, reg := startAgentWithRegistry(t, cfg, Hooks{})
+	a.upsert(t, dbService, "10.1.2.3:3306/TCP")
+	a.setBackends(t, "db", "192.168.1.10:3306")
+	a.initialize(t)
+	a.reconciled(t)
+
+	for _, name := range []string{"l4xds_datapath_service_packets_total", "l4xds_datapath_service_bytes_total"} {
+		if n := testutil.CollectAndCount(reg, name); n != 0 {
+			t.Errorf("%d series of %s", n, name)
+		}
+	}
+	got, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	drops := 0
+	for _, mf := range got {
+		if mf.GetName() != "l4xds_datapath_service_drops_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			drops++
+			for _, l := range m.GetLabel() {
+				if (l.GetName() == "frontend" || l.GetName() == "service") && l.GetValue() != "" {
+					t.Errorf("a drop series of a frontend: %v", m.GetLabel())
+				}
+			}
+		}
+	}
+	if drops != int(NumDropReasons) {
+		t.Errorf("%d drop series, want the %d of no frontend", drops, NumDropReasons)
+	}
+}

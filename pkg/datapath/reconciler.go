@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"syscall"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
@@ -447,12 +448,22 @@ func (o *ops) finish(st *step) error {
 			}
 		}
 		for _, p := range st.ranges {
-			if _, ok := svc.ranges[p]; force || !ok {
-				if err := o.maps.putSourceRange(svc.id, p); err != nil {
-					return o.closeService(svc, err)
-				}
-				o.reg.addRange(svc, p)
+			_, held := svc.ranges[p]
+			if held && !force {
+				continue
 			}
+			err := o.maps.putSourceRange(svc.id, p)
+			// A refresh's rewrite of a range the map holds: Linux
+			// before 6.14 refuses any update of a full LPM trie, the
+			// rewrite of a held entry included. The entry is there, and
+			// a range missing could only admit fewer clients.
+			if held && errors.Is(err, syscall.ENOSPC) {
+				continue
+			}
+			if err != nil {
+				return o.closeService(svc, err)
+			}
+			o.reg.addRange(svc, p)
 		}
 	}
 

@@ -5,12 +5,15 @@ package datapath
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
 )
@@ -142,5 +145,52 @@ func TestSourceRangesMustFitTheirMap(t *testing.T) {
 	}
 	if err := update(rangedFrontend("10.0.0.2:3306/TCP", "192.0.2.0/24")); err != nil {
 		t.Errorf("a service whose one range fits: %v", err)
+	}
+}
+
+// trieBefore614 is the source-range map as Linux before 6.14 keeps it: an
+// LPM trie that holds its max entries refuses every update with ENOSPC,
+// one of a key it holds included (fixed by "bpf: Handle in-place update
+// for full LPM trie correctly").
+type trieBefore614 struct {
+	*FakeMaps
+	max int
+}
+
+func (f trieBefore614) putSourceRange(svcID uint32, p netip.Prefix) error {
+	if f.Counts().SourceRanges >= f.max {
+		return fmt.Errorf("write l4xds_srcrange: service %d: %s: %w", svcID, p, syscall.ENOSPC)
+	}
+	return f.FakeMaps.putSourceRange(svcID, p)
+}
+
+// A periodic refresh rewrites a service's source ranges. In a full map,
+// which older kernels refuse even the rewrite of an entry they hold, the
+// service must go on serving as it did: a range it holds can only admit,
+// never one it does not, and the service's ranges admit no one more.
+func TestARefreshInAFullSourceRangeMapKeepsTheService(t *testing.T) {
+	db := statedb.New()
+	w, err := lb.NewWriter(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, _ := testLogger(t)
+	c := DefaultConfig.capacity()
+	c.sourceRanges = 2
+	o := newOps(log, db, w.Frontends(), c)
+	fake := NewFakeMaps()
+	o.useFake(fake)
+	o.maps = trieBefore614{fake, 2}
+	f := rangedFrontend("10.0.0.1:3306/TCP", "10.0.0.0/8", "2001:db8::/32")
+	if err := o.Update(context.Background(), db.ReadTxn(), 1, f); err != nil {
+		t.Fatal(err)
+	}
+	refresh := *f
+	refresh.Status = reconciler.StatusRefreshing()
+	if err := o.Update(context.Background(), db.ReadTxn(), 2, &refresh); err != nil {
+		t.Errorf("refresh of a service whose ranges fill the map: %v", err)
+	}
+	if _, ok := fake.Service(fe("10.0.0.1:3306/TCP")); !ok {
+		t.Errorf("the service is closed by the refresh")
 	}
 }

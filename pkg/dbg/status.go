@@ -25,12 +25,16 @@ func statusCommand(client func() *api.Client) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "One-screen summary of the agent: health, xDS, tables, datapath; exits 1 when degraded",
-		Long: "Print the agent's health (and why it is degraded), its xDS connection and resources, its " +
-			"tables and its datapath on one screen. The exit status is 0 when the agent is healthy and 1 " +
-			"when it is degraded or does not answer, so that `l4xds-dbg status` can serve as a probe.",
+		Long: "Print the agent's health (and why it is degraded), its readiness, its xDS connection and " +
+			"resources, its tables and its datapath on one screen. The exit status is 0 when the agent is " +
+			"healthy and 1 when it is degraded or does not answer. With --readiness it is 0 when the agent " +
+			"is ready: its first complete state is served (or none was needed), which it stays while " +
+			"degraded, e.g. disconnected from every xDS server: the readiness probe of the Helm chart.",
 		Args: cobra.NoArgs,
 	}
 	output := outputFlag(cmd)
+	var readiness bool
+	cmd.Flags().BoolVar(&readiness, "readiness", false, "exit 1 only when the agent is not ready (its first complete state not served yet), not when it is degraded")
 	var bpfRoot string
 	cmd.Flags().StringVar(&bpfRoot, "bpf-root", "", "BPF filesystem of the pinned maps (default: the agent's --bpf-root)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -50,6 +54,9 @@ func statusCommand(client func() *api.Client) *cobra.Command {
 		}
 		if err != nil {
 			return err
+		}
+		if readiness {
+			return v.notReady()
 		}
 		return v.degraded()
 	}
@@ -155,6 +162,17 @@ func (v statusView) degraded() error {
 	return errors.New("degraded: " + strings.Join(reasons, "; "))
 }
 
+// notReady is the error of `status --readiness`: nil once the agent is ready.
+func (v statusView) notReady() error {
+	if v.Health.Ready {
+		return nil
+	}
+	if len(v.Health.Waiting) == 0 {
+		return errors.New("not ready")
+	}
+	return errors.New("not ready: waiting for " + strings.Join(v.Health.Waiting, "; "))
+}
+
 func printStatus(w io.Writer, v statusView, now time.Time) error {
 	t := newTable(w)
 
@@ -168,6 +186,14 @@ func printStatus(w io.Writer, v statusView, now time.Time) error {
 				t.row("", fmt.Sprintf("%s (for %s): %s", s.Scope, age(now.Sub(s.Since)), healthReason(s)))
 			}
 		}
+	}
+	// Readiness, when it is not what a healthy agent has: not ready yet, or
+	// ready although degraded.
+	switch {
+	case !v.Health.Ready && len(v.Health.Waiting) > 0:
+		t.row("Readiness:", v.notReady().Error())
+	case v.Health.Ready && !v.Health.OK:
+		t.row("Readiness:", "ready: serving the last complete state")
 	}
 
 	// xDS: the connection, each type's version, the resources by state and

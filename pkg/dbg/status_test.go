@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/l4xds/l4xds/pkg/api"
+	"github.com/l4xds/l4xds/pkg/datapath"
 	"github.com/l4xds/l4xds/pkg/health"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
 	"github.com/l4xds/l4xds/pkg/xds"
@@ -62,7 +63,7 @@ func backends(states ...lb.BackendState) []*lb.Backend {
 
 func TestStatusSummarizesOnOneScreen(t *testing.T) {
 	healthy := statusView{
-		Health: api.HealthReport{OK: true, Statuses: []health.Status{
+		Health: api.HealthReport{OK: true, Ready: true, Statuses: []health.Status{
 			{Scope: "job-reconcile", Level: cell.StatusOK, Message: "OK, 1 object(s)"},
 			{Scope: "job-xds-client", Level: cell.StatusOK, Message: "connected"},
 		}},
@@ -87,7 +88,7 @@ func TestStatusSummarizesOnOneScreen(t *testing.T) {
 	}
 
 	degraded := statusView{
-		Health: api.HealthReport{OK: false, Statuses: []health.Status{
+		Health: api.HealthReport{OK: false, Waiting: []string{datapath.ReadinessCondition}, Statuses: []health.Status{
 			{Scope: "job-reconcile", Level: cell.StatusOK, Message: "OK"},
 			{Scope: "job-xds-client", Level: cell.StatusDegraded, Message: "disconnected from xds.example:9000",
 				Error: "connection refused", Since: now.Add(-42 * time.Second)},
@@ -100,11 +101,17 @@ func TestStatusSummarizesOnOneScreen(t *testing.T) {
 		Datapath:  datapathStatus{Mode: "none"},
 	}
 
+	// Disconnected after the first state: degraded, and ready.
+	lost := degraded
+	lost.Health.Ready, lost.Health.Waiting = true, nil
+	lost.Frontends = []*lb.Frontend{frontend("10.1.2.3:3306/TCP", "db", reconciler.StatusDone())}
+
 	for _, c := range []struct {
-		name string
-		v    statusView
-		want string
-		err  string
+		name     string
+		v        statusView
+		want     string
+		err      string
+		notReady string
 	}{
 		{
 			name: "healthy, with a NACKed cluster and a frontend the datapath refused",
@@ -130,6 +137,7 @@ Datapath:     bpf on eth0, eth1; maps at /sys/fs/bpf/l4xds: 2 services, 3 backen
 			want: `
 Health:       Degraded
               job-xds-client (for 42s): disconnected from xds.example:9000: connection refused
+Readiness:    not ready: waiting for datapath: the first complete state is served
 xDS server:   xds.example:9000 (delta)
 xDS state:    backoff for 2s, 4 connection attempts
               last error: xDS server xds.example:9000: connection refused
@@ -140,12 +148,32 @@ Frontends:    1 (1 Pending); Pending stays: no datapath reconciles them (--datap
 Backends:     0
 Datapath:     none: no forwarding, tables only
 `,
+			err:      "degraded: job-xds-client: disconnected from xds.example:9000: connection refused",
+			notReady: "not ready: waiting for datapath: the first complete state is served",
+		},
+		{
+			name: "disconnected after the first state: degraded, still ready",
+			v:    lost,
+			want: `
+Health:       Degraded
+              job-xds-client (for 42s): disconnected from xds.example:9000: connection refused
+Readiness:    ready: serving the last complete state
+xDS server:   xds.example:9000 (delta)
+xDS state:    backoff for 2s, 4 connection attempts
+              last error: xDS server xds.example:9000: connection refused
+              Cluster: version -, not synced
+Resources:    none
+Services:     0
+Frontends:    1 (1 Done)
+Backends:     0
+Datapath:     none: no forwarding, tables only
+`,
 			err: "degraded: job-xds-client: disconnected from xds.example:9000: connection refused",
 		},
 		{
 			name: "served by the second server, the first refusing connections",
 			v: statusView{
-				Health: api.HealthReport{OK: true, Statuses: []health.Status{
+				Health: api.HealthReport{OK: true, Ready: true, Statuses: []health.Status{
 					{Scope: "job-xds-client", Level: cell.StatusOK, Message: "connected to xds-b.example:9000, 1 types synced"},
 				}},
 				XDS:      onFallback(),
@@ -168,7 +196,7 @@ Datapath:      none: no forwarding, tables only
 		{
 			name: "xDS disabled, maps not readable",
 			v: statusView{
-				Health:   api.HealthReport{OK: true},
+				Health:   api.HealthReport{OK: true, Ready: true},
 				Datapath: datapathStatus{Mode: "bpf", PinDir: "/sys/fs/bpf/l4xds", Error: "open pinned map l4xds_services: no such file or directory"},
 			},
 			want: `
@@ -192,6 +220,10 @@ Datapath:    bpf on no devices; maps at /sys/fs/bpf/l4xds: not readable: open pi
 			err := c.v.degraded()
 			if c.err == "" && err != nil || c.err != "" && (err == nil || err.Error() != c.err) {
 				t.Errorf("exit error %v, want %q", err, c.err)
+			}
+			err = c.v.notReady()
+			if c.notReady == "" && err != nil || c.notReady != "" && (err == nil || err.Error() != c.notReady) {
+				t.Errorf("--readiness exit error %v, want %q", err, c.notReady)
 			}
 		})
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/cilium/hive/script"
 )
 
-// Cell provides cell.Health for every component and the *Registry that
-// reads it.
+// Cell provides cell.Health for every component, the *Registry that reads
+// it, and the agent's *Readiness.
 var Cell = cell.Module(
 	"health",
 	"Health of the agent components",
@@ -20,6 +20,7 @@ var Cell = cell.Module(
 	cell.Provide(
 		NewRegistry,
 		(*Registry).Root,
+		NewReadiness,
 		scriptCmd,
 	),
 )

@@ -106,3 +106,42 @@ func (h *reporter) Close() {
 }
 
 func afterPoll() <-chan time.Time { return time.After(50 * time.Millisecond) }
+
+// Readiness says whether the agent serves: a latch over conditions that
+// components register while the hive is built and mark met once, e.g. "the
+// first complete state is in the BPF maps". Once every condition is met the
+// agent stays ready: what happens afterwards (the xDS servers lost, a NACK,
+// a frontend that fails to reconcile) degrades its health, which /healthz
+// and `l4xds-dbg status` report, but it keeps forwarding what it has, so it
+// is still ready. An agent whose readiness followed its connection to the
+// control plane would turn every node NotReady at once when the control
+// plane goes down, while every one of them serves its last good state.
+type Readiness struct {
+	mu      sync.Mutex
+	pending map[string]bool
+}
+
+func NewReadiness() *Readiness { return &Readiness{pending: map[string]bool{}} }
+
+// Add registers a condition; the agent is not ready until met is called.
+func (r *Readiness) Add(name string) (met func()) {
+	r.mu.Lock()
+	r.pending[name] = true
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		delete(r.pending, name)
+		r.mu.Unlock()
+	}
+}
+
+// Waiting returns the conditions not met yet, sorted; none: ready. A nil
+// Readiness (a hive without one) has none.
+func (r *Readiness) Waiting() []string {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Sorted(maps.Keys(r.pending))
+}

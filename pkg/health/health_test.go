@@ -4,6 +4,7 @@ package health
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/cilium/hive/cell"
@@ -40,5 +41,24 @@ func TestRegistryReportsEveryScope(t *testing.T) {
 	stream.Close()
 	if got := r.All(); len(got) != 1 {
 		t.Errorf("after Close: %v", got)
+	}
+}
+
+// Ready once every condition is met, and for good.
+func TestReadiness(t *testing.T) {
+	r := NewReadiness()
+	if w := r.Waiting(); len(w) != 0 {
+		t.Fatalf("waiting for %v with no condition", w)
+	}
+	datapath := r.Add("datapath")
+	tables := r.Add("tables")
+	if w := r.Waiting(); !slices.Equal(w, []string{"datapath", "tables"}) {
+		t.Errorf("waiting for %v", w)
+	}
+	tables()
+	datapath()
+	datapath()
+	if w := r.Waiting(); len(w) != 0 {
+		t.Errorf("waiting for %v once all are met", w)
 	}
 }

@@ -26,6 +26,8 @@ import (
 	// The well-known types of api.go decode without help from the consumer.
 	_ "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+
+	"github.com/l4xds/l4xds/pkg/tlsmetrics"
 )
 
 // userAgent is the node's user_agent_name.
@@ -170,6 +172,12 @@ func NewClient(cfg Config, log *slog.Logger, db *statedb.DB, opts ...Option) (*C
 		c.servers = append(c.servers, srv)
 		addrs[i] = sc.address
 		c.updateServer(srv, func(*managementServer) {})
+	}
+	if !cfg.XDSInsecure {
+		c.metrics.certs = tlsmetrics.New(
+			tlsmetrics.File{Role: "xds-client", Path: cfg.XDSClientCertPath},
+			tlsmetrics.File{Role: "xds-ca", Path: cfg.XDSCACertPath, Bundle: true},
+		)
 	}
 	c.current = c.servers[0]
 	c.metrics.setServers(addrs)

@@ -8,6 +8,8 @@ import (
 
 	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/l4xds/l4xds/pkg/tlsmetrics"
 )
 
 // The client's metrics are gRFC A78's XdsClient metrics, prefixed l4xds_ and
@@ -21,6 +23,7 @@ import (
 //	l4xds_xds_client_resources{xds_server,resource_type,cache_state}    gauge
 //	l4xds_xds_client_server_in_use{xds_server}                          gauge
 //	l4xds_xds_client_connection_attempts_total{xds_server}              counter
+//	l4xds_tls_certificate_expiry_timestamp_seconds{role,file}           gauge, with TLS
 //
 // xds_server is one server of --xds-server-address; every server has its
 // series from the start. The updates are counted for the server that sent
@@ -29,7 +32,9 @@ import (
 // type URL without its "type.googleapis.com/" prefix, e.g.
 // "envoy.config.cluster.v3.Cluster".
 // cache_state is one of A78's requested, does_not_exist, acked, nacked,
-// nacked_but_cached.
+// nacked_but_cached. The certificate expiries (package tlsmetrics) are those
+// of --xds-client-cert-path (role xds-client) and --xds-ca-cert-path
+// (xds-ca), read at scrape time as the handshakes read them.
 const metricsPrefix = "l4xds_xds_client_"
 
 // cacheStates are the cache_state values, in the order of ResourceState.
@@ -62,6 +67,8 @@ type clientMetrics struct {
 	inUse         *prometheus.GaugeVec
 	attempts      *prometheus.CounterVec
 	resourcesDesc *prometheus.Desc
+	// certs is nil in plaintext (--xds-insecure).
+	certs *tlsmetrics.Collector
 }
 
 func newClientMetrics(db *statedb.DB, resources statedb.Table[*ResourceStatus], status statedb.Table[*TypeStatus]) *clientMetrics {
@@ -187,6 +194,9 @@ func (m *clientMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.inUse.Describe(ch)
 	m.attempts.Describe(ch)
 	ch <- m.resourcesDesc
+	if m.certs != nil {
+		m.certs.Describe(ch)
+	}
 }
 
 func (m *clientMetrics) Collect(ch chan<- prometheus.Metric) {
@@ -196,6 +206,9 @@ func (m *clientMetrics) Collect(ch chan<- prometheus.Metric) {
 	m.serverFailure.Collect(ch)
 	m.inUse.Collect(ch)
 	m.attempts.Collect(ch)
+	if m.certs != nil {
+		m.certs.Collect(ch)
+	}
 
 	// Every watched type has a row in xds-status: its states are all
 	// exported, 0 included.

@@ -4,6 +4,7 @@ package xds
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -11,7 +12,12 @@ import (
 	"time"
 
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/l4xds/l4xds/pkg/devcerts"
+	"github.com/l4xds/l4xds/pkg/tlsmetrics"
 )
 
 const (
@@ -252,5 +258,47 @@ func TestHealthAfterDoesNotExist(t *testing.T) {
 	waitFor(t, "health OK", func() bool { return health.last() == "OK: connected to "+srv.addr+", 1 types synced" })
 	if got := health.all(); !slices.Contains(got, "Degraded: connected to "+srv.addr+", waiting for the first ClusterLoadAssignment response") {
 		t.Errorf("health reports %q: never waited for the endpoints", got)
+	}
+}
+
+// With TLS, the client exports when its certificate and its CA expire, as
+// the files say; in plaintext it has no certificates to report.
+func TestMetricsCertificateExpiry(t *testing.T) {
+	dir := t.TempDir()
+	if err := devcerts.Write(dir, devcerts.Options{Validity: 48 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig("127.0.0.1:1", dir, "sotw")
+	c, err := NewClient(cfg, hivetest.Logger(t), statedb.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want strings.Builder
+	want.WriteString("# HELP l4xds_tls_certificate_expiry_timestamp_seconds When the certificate file expires (Unix time): the first expiry of a chain, the last of a CA bundle; the last good value while the file cannot be read\n")
+	want.WriteString("# TYPE l4xds_tls_certificate_expiry_timestamp_seconds gauge\n")
+	for _, f := range []struct{ role, path string }{{"xds-ca", cfg.XDSCACertPath}, {"xds-client", cfg.XDSClientCertPath}} {
+		data, err := os.ReadFile(f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at, err := tlsmetrics.Expiry(data, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Until(at); d < 47*time.Hour || d > 49*time.Hour {
+			t.Fatalf("%s expires in %s, want the 48h it was made for", f.path, d)
+		}
+		fmt.Fprintf(&want, "l4xds_tls_certificate_expiry_timestamp_seconds{file=%q,role=%q} %d\n", f.path, f.role, at.Unix())
+	}
+	if err := testutil.CollectAndCompare(c.Metrics(), strings.NewReader(want.String()), "l4xds_tls_certificate_expiry_timestamp_seconds"); err != nil {
+		t.Error(err)
+	}
+
+	c, err = NewClient(testConfig("127.0.0.1:1", "", "sotw"), hivetest.Logger(t), statedb.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(c.Metrics(), "l4xds_tls_certificate_expiry_timestamp_seconds"); n != 0 {
+		t.Errorf("a plaintext client exports %d certificate expiries", n)
 	}
 }

@@ -59,7 +59,8 @@ func waitDbg(t *testing.T, what, dbg string, args []string, ok func(dbgRun) bool
 
 // `l4xds-dbg status` is a probe: 0 while the agent is healthy, 1 once it is
 // degraded (here: its control plane gone), with the reason on the screen
-// and on stderr.
+// and on stderr. `status --readiness` is 0 once the agent has served a
+// first state, degraded or not, and 1 before.
 func TestBinariesDbgStatusIsAProbe(t *testing.T) {
 	bin := binDir(t)
 	dir := t.TempDir()
@@ -131,6 +132,25 @@ func TestBinariesDbgStatusIsAProbe(t *testing.T) {
 	}
 	if !containsAll(degraded.squeezed(), []string{"Resources: 2 acked", "Backends: 2 (2 active)"}) {
 		t.Errorf("the tables changed with the control plane gone:\n%s", degraded.stdout)
+	}
+	// Degraded, yet ready: it serves its last good state (the chart's
+	// readiness probe is `status --readiness`).
+	if !strings.Contains(degraded.squeezed(), "Readiness: ready: serving the last complete state") {
+		t.Errorf("the degraded status does not say the agent is still ready:\n%s", degraded.stdout)
+	}
+	if r := runDbg(t, dbg, append(status, "--readiness")...); r.code != 0 {
+		t.Errorf("status --readiness: exit %d without the control plane after the first state, want 0 (ready)\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// An agent that never had a state from a server is not ready.
+	lonely := filepath.Join(dir, "lonely.sock")
+	start(t, filepath.Join(bin, "l4xds-agent"), append([]string{"--api-socket", lonely, "--datapath", "none"},
+		example.xdsArgs(freePort(t))...)...)
+	notReady := waitDbg(t, "an agent that never had a state", dbg, []string{"--socket", lonely, "status", "--readiness"}, func(r dbgRun) bool {
+		return r.code != 0 && strings.Contains(r.squeezed(), "Readiness: not ready")
+	})
+	if notReady.code != 1 || !strings.Contains(notReady.stderr, "not ready: waiting for datapath: the first complete state is served") {
+		t.Errorf("status --readiness before any state: exit %d, stderr %q", notReady.code, notReady.stderr)
 	}
 
 	// No agent at all: non-zero, and the socket named.

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -35,7 +36,10 @@ const isolatedEnv = "L4XDS_TEST_ISOLATED"
 //     add), and the bpffs tests mount.
 func Main(m *testing.M) {
 	switch {
-	case os.Geteuid() != 0:
+	case os.Geteuid() != 0, fuzzWorker():
+		// A fuzzing worker runs where its coordinator started it: in the
+		// namespaces already made (and with the pipes to the coordinator,
+		// which a re-executed binary would not have).
 		os.Exit(m.Run())
 	case os.Getenv(isolatedEnv) == "1" && os.Getpid() == 1:
 		// Not for what the tests run: a test binary they start sets up
@@ -48,6 +52,16 @@ func Main(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	os.Exit(runIsolated())
+}
+
+// fuzzWorker says whether the binary runs as a worker of go test -fuzz.
+func fuzzWorker() bool {
+	for _, a := range os.Args[1:] {
+		if a == "-test.fuzzworker" || strings.HasPrefix(a, "-test.fuzzworker=") {
+			return true
+		}
+	}
+	return false
 }
 
 // runIsolated runs the test binary again in new namespaces and returns its

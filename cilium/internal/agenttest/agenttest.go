@@ -418,6 +418,18 @@ func (e *Env) Started() time.Time {
 	return e.started
 }
 
+// AgentPID is the running agent's process ID (every step of its start
+// execs in place, so it is cilium-agent's own), 0 when none runs: a
+// benchmark reads the agent's CPU time from /proc with it.
+func (e *Env) AgentPID() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.agent == nil || e.agent.Cmd.Process == nil {
+		return 0
+	}
+	return e.agent.Cmd.Process.Pid
+}
+
 // AgentOutput is what the running agent printed so far.
 func (e *Env) AgentOutput() string {
 	e.mu.Lock()

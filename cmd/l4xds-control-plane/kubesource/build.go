@@ -26,6 +26,8 @@ type Outcome struct {
 	Resources controlplane.Resources
 	Services  map[types.NamespacedName]ServiceOutcome
 	Gateway   GatewayOutcome
+	// Pools is how many addresses each pool has and how many are held.
+	Pools []PoolUsage
 }
 
 // Build computes the outcome of a state. It is a pure function of st (the
@@ -68,6 +70,8 @@ func Build(cfg Config, st State) Outcome {
 	for _, w := range gwWork {
 		w.takeNew(al)
 	}
+
+	out.Pools = al.usage()
 
 	idx := indexSlices(st.EndpointSlices)
 	var clusters []*l4Cluster

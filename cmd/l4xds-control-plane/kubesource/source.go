@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -56,6 +57,9 @@ type Options struct {
 	// always writes.
 	Election Election
 	Logger   *slog.Logger
+	// Registerer, when set, gets the pools' usage
+	// (l4xds_control_plane_pool_addresses and ..._allocated).
+	Registerer prometheus.Registerer
 }
 
 // Source watches a cluster and publishes its Services and Gateway API
@@ -67,6 +71,7 @@ type Source struct {
 	gw   gwclient.Interface // nil when the cluster has no Gateway API (known in Run)
 	rec  record.EventRecorder
 	lead leadership
+	pool *poolMetrics
 
 	problem string // last reported
 }
@@ -113,7 +118,13 @@ func New(cfg *rest.Config, opts Options) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway API client: %w", err)
 	}
-	return &Source{opts: opts, log: opts.Logger, kube: kube, gw: gw}, nil
+	s := &Source{opts: opts, log: opts.Logger, kube: kube, gw: gw, pool: newPoolMetrics()}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(s.pool); err != nil {
+			return nil, fmt.Errorf("address pool metrics: %w", err)
+		}
+	}
+	return s, nil
 }
 
 // report logs a problem when it changes and passes it to Options.Problem.
@@ -414,6 +425,7 @@ func (s *Source) Run(ctx context.Context) error {
 			cfg.Pools, poolErr = pools()
 			cfg.KeepHeldAddresses = poolErr != nil
 			out := Build(cfg, st)
+			s.pool.set(out.Pools)
 			_, err := s.opts.Publish(out.Resources)
 			if err != nil {
 				s.log.Error("Publishing the Kubernetes resources", "error", err)

@@ -137,8 +137,10 @@ func TestFullValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"ConfigMap/l4xds-config", "ConfigMap/l4xds-control-plane-resources", "DaemonSet/l4xds",
-		"Deployment/l4xds-control-plane", "PodDisruptionBudget/l4xds-control-plane", "Service/l4xds-control-plane", "ServiceAccount/l4xds",
+		"ConfigMap/l4xds-config", "ConfigMap/l4xds-control-plane-resources", "ConfigMap/l4xds-dashboard", "DaemonSet/l4xds",
+		"Deployment/l4xds-control-plane", "PodDisruptionBudget/l4xds-control-plane", "PrometheusRule/l4xds",
+		"Service/l4xds-agent-metrics", "Service/l4xds-control-plane", "Service/l4xds-cp-metrics", "ServiceAccount/l4xds",
+		"ServiceMonitor/l4xds-agent", "ServiceMonitor/l4xds-control-plane",
 	}
 	if got := kindsOf(r); !slices.Equal(got, want) {
 		t.Errorf("objects %v, want %v", got, want)
@@ -167,6 +169,7 @@ func TestFullValues(t *testing.T) {
 		"lb-maglev-table-size":                "16381",
 		"api-socket":                          "/run/l4xds/api/agent.sock",
 		"prometheus-serve-addr":               ":9971",
+		"datapath-service-metrics":            "false",
 	}
 	if !maps.Equal(cm.Data, wantData) {
 		t.Errorf("ConfigMap data\n got %v\nwant %v", cm.Data, wantData)
@@ -315,11 +318,12 @@ func checkAgent(t *testing.T, r *rendered) *corev1.ConfigMap {
 		t.Error("no NODE_NAME from spec.nodeName: the node id would be the host name")
 	}
 
-	// Readiness follows health; liveness must not, or a dead xDS server
-	// would restart every agent in the cluster.
+	// Readiness follows the agent's readiness (its first state served),
+	// not its health: a dead xDS server would make every agent NotReady at
+	// once. Liveness follows neither, or it would restart them all.
 	ready, live := agent.ReadinessProbe, agent.LivenessProbe
-	if ready == nil || ready.Exec == nil || !slices.Equal(ready.Exec.Command, []string{"l4xds-dbg", "--socket", socket, "status"}) {
-		t.Errorf("readinessProbe %+v, want l4xds-dbg --socket %s status", ready, socket)
+	if ready == nil || ready.Exec == nil || !slices.Equal(ready.Exec.Command, []string{"l4xds-dbg", "--socket", socket, "status", "--readiness"}) {
+		t.Errorf("readinessProbe %+v, want l4xds-dbg --socket %s status --readiness", ready, socket)
 	} else {
 		checkCommand(t, ready.Exec.Command)
 	}
@@ -331,10 +335,26 @@ func checkAgent(t *testing.T, r *rendered) *corev1.ConfigMap {
 	return cm
 }
 
+// xdsService is the control plane's xDS Service (the only one with an xds
+// port; the metrics Service has none).
+func xdsService(t *testing.T, r *rendered) *corev1.Service {
+	t.Helper()
+	var out []*corev1.Service
+	for _, svc := range find[*corev1.Service](r) {
+		if slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == "xds" }) {
+			out = append(out, svc)
+		}
+	}
+	if len(out) != 1 {
+		t.Fatalf("%d Services with an xds port, want one", len(out))
+	}
+	return out[0]
+}
+
 func checkControlPlane(t *testing.T, r *rendered, vals map[string]any) {
 	t.Helper()
 	dep := only[*appsv1.Deployment](t, r)
-	svc := only[*corev1.Service](t, r)
+	svc := xdsService(t, r)
 	pod := dep.Spec.Template.Spec
 	checkSelector(t, "Deployment", dep.Spec.Selector.MatchLabels, dep.Spec.Template.Labels)
 	checkMounts(t, pod)

@@ -92,6 +92,8 @@ func TestDocumentedNames(t *testing.T) {
 	cp := vals["controlPlane"].(map[string]any)
 	cp["kubernetes"] = map[string]any{"enabled": true, "addressPoolsConfigMap": "pools"}
 	cp["xdsResources"] = "resource: {}\n"
+	vals["prometheus"] = map[string]any{"enabled": true, "serviceMonitor": map[string]any{"enabled": true}, "prometheusRule": map[string]any{"enabled": true}}
+	vals["dashboards"] = map[string]any{"enabled": true}
 	r, err := renderRelease(t, "lb", vals)
 	if err != nil {
 		t.Fatal(err)

@@ -69,6 +69,12 @@ var kinds = map[string]struct {
 	"Secret":      {"v1", func() any { return new(corev1.Secret) }},
 	"Issuer":      {"cert-manager.io/v1", func() any { return new(unstructured.Unstructured) }},
 	"Certificate": {"cert-manager.io/v1", func() any { return new(unstructured.Unstructured) }},
+	// prometheus.serviceMonitor, podMonitor and prometheusRule
+	// (prometheus-operator's CRDs; the fields the chart sets, in
+	// monitoring_test.go).
+	"ServiceMonitor": {"monitoring.coreos.com/v1", func() any { return new(serviceMonitor) }},
+	"PodMonitor":     {"monitoring.coreos.com/v1", func() any { return new(podMonitor) }},
+	"PrometheusRule": {"monitoring.coreos.com/v1", func() any { return new(prometheusRule) }},
 }
 
 // clusterScoped are the kinds of kinds that have no namespace; every other

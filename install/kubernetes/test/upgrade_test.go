@@ -120,6 +120,27 @@ func TestUpgradeReuseValues(t *testing.T) {
 			},
 		},
 		{
+			// The monitoring values of a chart version before them: the
+			// objects they add stay off, the per-frontend counters on.
+			added: []string{"prometheus.serviceMetrics", "prometheus.serviceMonitor", "prometheus.podMonitor", "prometheus.prometheusRule", "dashboards"},
+			install: map[string]any{"prometheus": map[string]any{"enabled": true},
+				"controlPlane": map[string]any{"enabled": true, "tlsSecretName": "cp-tls", "xdsResources": "resource: {}\n"}},
+			want: []string{
+				"ConfigMap/lb-l4xds-config", "ConfigMap/lb-l4xds-control-plane-resources", "DaemonSet/lb-l4xds",
+				"Deployment/lb-l4xds-control-plane", "Service/lb-l4xds-control-plane", "ServiceAccount/lb-l4xds",
+			},
+		},
+		{
+			added:   []string{"prometheus.serviceMonitor", "prometheus.prometheusRule", "dashboards"},
+			install: map[string]any{"prometheus": map[string]any{"enabled": true}},
+			set: map[string]any{"prometheus": map[string]any{"serviceMonitor": map[string]any{"enabled": true}, "prometheusRule": map[string]any{"enabled": true}},
+				"dashboards": map[string]any{"enabled": true}},
+			want: []string{
+				"ConfigMap/lb-l4xds-config", "ConfigMap/lb-l4xds-dashboard", "DaemonSet/lb-l4xds", "PrometheusRule/lb-l4xds",
+				"Service/lb-l4xds-agent-metrics", "ServiceAccount/lb-l4xds", "ServiceMonitor/lb-l4xds-agent",
+			},
+		},
+		{
 			added: []string{"nameOverride", "fullnameOverride"},
 			set:   nil,
 			want:  []string{"ConfigMap/lb-l4xds-config", "DaemonSet/lb-l4xds", "ServiceAccount/lb-l4xds"},

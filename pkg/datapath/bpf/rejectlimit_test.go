@@ -167,3 +167,35 @@ func TestNoRejectsAtRateZero(t *testing.T) {
 	wantStats(t, d, 1, 0, 0, map[int]uint64{dropRejectLimit: 1, dropNoBackend: 1})
 	wantStats(t, d, 2, 0, 0, map[int]uint64{dropRejectLimit: 1})
 }
+
+// The bucket map is pinned: an agent restarted with a smaller limit finds
+// the buckets as the previous one left them, whose tat may be further
+// ahead than the new burst could ever take it (a burst of a million
+// rejects at 10 a second is a day). Such a bucket is the new limit's
+// empty one, from which rejects resume one interval later, not a day.
+func TestRejectBucketOfALargerLimitIsTakenAsEmpty(t *testing.T) {
+	const interval, burst = uint64(time.Minute), 5 * uint64(time.Minute)
+	onOneCPU(t)
+	d := newDatapathWith(t, loadOptions{reject: &rejectLimit{interval: interval, burst: burst}})
+	d.addService(service{id: 1, vip: vip4, proto: protoTCP})
+	buckets := d.rejectBuckets()
+	for i := range buckets {
+		buckets[i].Tat = monotonicNow(t) + uint64(24*time.Hour)
+	}
+	d.must(d.objs.L4xdsRejectBucket.Put(uint32(0), buckets), "reject buckets")
+
+	s := syn(client4, vip4)
+	if verdict, _ := d.run(s.frame()); verdict != verdictDrop {
+		t.Fatalf("SYN on a bucket a day ahead: verdict %d, want drop (the bucket is empty)", int32(verdict))
+	}
+	// One interval later, as the buckets see it: a reject.
+	buckets = d.rejectBuckets()
+	for i := range buckets {
+		buckets[i].Tat -= interval
+	}
+	d.must(d.objs.L4xdsRejectBucket.Put(uint32(0), buckets), "reject buckets")
+	if verdict, out := d.run(s.sport(40001).frame()); verdict != verdictRedirect || !bytes.Equal(out, rst(s.sport(40001))) {
+		t.Errorf("SYN one interval later: verdict %d, want the reject", int32(verdict))
+	}
+	wantStats(t, d, 1, 0, 0, map[int]uint64{dropRejectLimit: 1, dropNoBackend: 1})
+}

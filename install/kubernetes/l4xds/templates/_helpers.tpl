@@ -181,3 +181,30 @@ the agents dial it (<service>.<namespace>.svc), and the shorter forms.
 {{- $svc := include "l4xds.controlPlaneName" . -}}
 {{- list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) | toJson -}}
 {{- end -}}
+
+{{/* The headless Services of the ServiceMonitors: a Service name has at most
+63 characters and <fullname> 49, hence "cp". */}}
+{{- define "l4xds.agentMetricsName" -}}
+{{- printf "%s-agent-metrics" (include "l4xds.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "l4xds.controlPlaneMetricsName" -}}
+{{- printf "%s-cp-metrics" (include "l4xds.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* A ServiceMonitor or PodMonitor with nothing to scrape is a mistake: the
+agents serve metrics with prometheus.enabled, the control plane is there with
+controlPlane.enabled. */}}
+{{- define "l4xds.checkMonitor" -}}
+{{- if not (or .root.Values.prometheus.enabled .root.Values.controlPlane.enabled) -}}
+{{- fail (printf "prometheus.%s.enabled: nothing to scrape: set prometheus.enabled (the agents' metrics) or controlPlane.enabled" .key) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Relabelings of the agents' targets: the node's name as a label (the
+agents run on the host network, so instance is the node's address). */}}
+{{- define "l4xds.agentRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: node
+  action: replace
+{{- end -}}
