@@ -645,6 +645,9 @@ func TestKind(t *testing.T) {
 		// As the docs' Security section says for such runtimes.
 		install += " --set legacyCapabilities=true"
 	}
+	// The agents' metrics on the nodes, for the monitoring below (from the
+	// install, so that turning on the monitors later rolls no agent).
+	install += " --set prometheus.enabled=true"
 	installStart := time.Now()
 	c.sh(t, docs, install)
 	t.Logf("helm install returned after %v", time.Since(installStart).Round(time.Second))
@@ -739,6 +742,8 @@ func TestKind(t *testing.T) {
 	t.Run("backend deleted", func(t *testing.T) { b = c.backendDeleted(t, docs, trial, b) })
 
 	t.Run("LoadBalancer Services and routes", func(t *testing.T) { c.loadBalancer(t, docs) })
+
+	t.Run("monitoring", func(t *testing.T) { c.monitoring(t, docs) })
 
 	t.Run("uninstall", func(t *testing.T) { c.uninstall(t, docs) })
 }

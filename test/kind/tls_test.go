@@ -79,7 +79,19 @@ func (c *cluster) applyCRDs(t *testing.T, files []string, crds []string) {
 		t.Logf("applying %v, attempt %d: %v", files, attempt, err)
 		time.Sleep(2 * time.Second)
 	}
-	c.kubectl(t, append([]string{"wait", "--for", "condition=Established", "--timeout", "1m"}, crds...)...)
+	// kubectl wait fails at once (.status.conditions accessor error) on a
+	// CRD whose status the API server has not written yet: ask again.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := c.run("kubectl", append([]string{"wait", "--for", "condition=Established", "--timeout", "1m"}, crds...)...)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // certManagerObjects: the Issuers and Certificates of
