@@ -13,7 +13,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 COMMIT   ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -X github.com/l4xds/l4xds/pkg/version.Version=$(VERSION) -X github.com/l4xds/l4xds/pkg/version.Commit=$(COMMIT)
 
-.PHONY: all build test test-control-plane test-cilium test-kind test-kind-cilium soak chaos bench bench-cilium fuzz generate demo demo-cilium docs lint clean
+.PHONY: all build release release-check release-images release-chart test test-control-plane test-cilium test-kind test-kind-cilium soak chaos bench bench-cilium fuzz generate demo demo-cilium docs lint clean
 
 all: build
 
@@ -21,6 +21,63 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES)) ./test/l4xds-traffic
 	$(GO) build -C $(CP) -ldflags '$(LDFLAGS)' -o $(abspath $(BIN))/ .
+
+# Release artifacts of VERSION, a release version (MAJOR.MINOR.PATCH, the
+# tag's leading v dropped): the images, tagged VERSION, and the chart
+# packaged in $(DIST) with version and appVersion VERSION, so that its
+# default image tag is the image's (Documentation/release.md). Tag the commit
+# (git tag v0.2.0) or set VERSION=v0.2.0.
+#   RELEASE_IMAGES=offline     the binaries on an empty base, as the kind tier
+#                              builds its image: no registry needed (default)
+#   RELEASE_IMAGES=dockerfile  the Dockerfiles (distroless and Cilium's image as
+#                              bases, pulled from their registries)
+DIST           ?= dist
+REGISTRY       ?= registry.example.com
+RELEASE_IMAGES ?= offline
+RELEASE_VERSION = $(patsubst v%,%,$(VERSION))
+L4XDS_IMAGE     = $(REGISTRY)/l4xds:$(RELEASE_VERSION)
+CILIUM_VERSION := $(shell sed -n 's/^\tgithub.com\/cilium\/cilium \(v[^ ]*\)$$/\1/p' cilium/go.mod)
+CILIUM_BASE    ?= quay.io/cilium/cilium:$(CILIUM_VERSION)
+CILIUM_IMAGE    = $(REGISTRY)/l4xds/cilium:$(CILIUM_VERSION)-l4xds-$(RELEASE_VERSION)
+release: release-images release-chart
+	@ls -l $(DIST)
+
+release-check:
+	@echo '$(RELEASE_VERSION)' | grep -Eq '^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$' || { \
+		echo "make release: VERSION=$(VERSION) is not a release version (MAJOR.MINOR.PATCH): tag the commit (git tag v0.2.0) or set VERSION=v0.2.0" >&2; exit 1; }
+
+# helm from the chart test's module, where it is a tool.
+release-chart: release-check
+	@mkdir -p $(DIST)
+	cd $(CHART_TEST) && $(GO) tool helm lint --strict $(CURDIR)/install/kubernetes/l4xds
+	cd $(CHART_TEST) && $(GO) tool helm package $(CURDIR)/install/kubernetes/l4xds \
+		--version $(RELEASE_VERSION) --app-version $(RELEASE_VERSION) -d $(abspath $(DIST))
+
+release-images: release-check
+	@command -v docker >/dev/null || { echo "make release-images: docker is missing (apt-get install docker.io)" >&2; exit 1; }
+	rm -rf $(DIST)/image && mkdir -p $(DIST)/image
+ifeq ($(RELEASE_IMAGES),dockerfile)
+	docker build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(L4XDS_IMAGE) .
+	docker build -f cilium/Dockerfile --build-arg CILIUM_IMAGE=$(CILIUM_BASE) --build-arg VERSION=$(VERSION) \
+		--build-arg COMMIT=$(COMMIT) -t $(CILIUM_IMAGE) .
+else
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(DIST)/image/ ./cmd/l4xds-agent ./cmd/l4xds-dbg ./test/l4xds-traffic
+	CGO_ENABLED=0 $(GO) build -C $(CP) -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(abspath $(DIST))/image/ .
+	printf 'FROM scratch\nCOPY l4xds-agent l4xds-dbg l4xds-control-plane l4xds-traffic /usr/local/bin/\nENV PATH=/usr/local/bin\nCMD ["l4xds-agent"]\n' >$(DIST)/image/Dockerfile
+	docker build -q -t $(L4XDS_IMAGE) $(DIST)/image
+	@# Cilium's image is the upstream one with our agent: offline, only
+	@# where that base is already in Docker.
+	@if docker image inspect $(CILIUM_BASE) >/dev/null 2>&1; then \
+		set -e; mkdir -p $(DIST)/cilium-image; \
+		(cd cilium && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(abspath $(DIST))/cilium-image/cilium-agent ./cmd/cilium-agent); \
+		printf 'FROM $(CILIUM_BASE)\nCOPY cilium-agent /usr/bin/cilium-agent\n' >$(DIST)/cilium-image/Dockerfile; \
+		docker build -q -t $(CILIUM_IMAGE) $(DIST)/cilium-image; \
+	else \
+		echo "make release-images: $(CILIUM_IMAGE) not built: its base $(CILIUM_BASE) is not in Docker (RELEASE_IMAGES=dockerfile pulls it)"; \
+	fi
+endif
+	rm -rf $(DIST)/image $(DIST)/cilium-image
+	@docker image inspect -f '{{index .RepoTags 0}} {{.Id}}' $(L4XDS_IMAGE)
 
 # All test tiers: unit and script tests always; the privileged tiers (BPF,
 # network namespaces) run when root and skip with a message otherwise. Then
@@ -163,4 +220,4 @@ lint:
 	shellcheck test/demo.sh test/kind/*.sh test/kind/cilium/*.sh test/bench/*.sh .ci/run
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(DIST)

@@ -14,7 +14,7 @@ import (
 // the holder of the Lease writes status.
 const (
 	controlPlaneLabel = "app.kubernetes.io/component=control-plane"
-	controlPlaneLease = "l4xds-control-plane"
+	controlPlaneLease = cpName // <fullname>-control-plane, the chart's --leader-elect-lease
 )
 
 // controlPlaneHA faults the control plane's replicas and the API server
@@ -24,7 +24,7 @@ const (
 // flows may fail, the Gateway keeps its address, and after each fault a new
 // Service still gets its address written: a leader change loses nothing.
 func (c *cluster) controlPlaneHA(t *testing.T, gameVIP string) {
-	c.kubectl(t, "-n", ns, "rollout", "status", "deploy/l4xds-control-plane", "--timeout", "3m")
+	c.kubectl(t, "-n", ns, "rollout", "status", "deploy/"+cpName, "--timeout", "3m")
 	if pods := c.controlPlanePods(t); len(pods) != 2 {
 		t.Fatalf("want 2 control-plane replicas in Kubernetes mode, have %v", pods)
 	}
@@ -38,7 +38,7 @@ func (c *cluster) controlPlaneHA(t *testing.T, gameVIP string) {
 			before := c.leader(t)
 			tr := c.startTrafficTo(t, targets)
 			do(t)
-			c.kubectl(t, "-n", ns, "rollout", "status", "deploy/l4xds-control-plane", "--timeout", "3m")
+			c.kubectl(t, "-n", ns, "rollout", "status", "deploy/"+cpName, "--timeout", "3m")
 			c.waitAgentsReady(t, 3*time.Minute)
 			// A new address written after the fault: some replica leads.
 			c.statusWritten(t, fmt.Sprintf("ha-%d", round))
@@ -83,7 +83,7 @@ func (c *cluster) controlPlaneHA(t *testing.T, gameVIP string) {
 		t.Fatalf("no follower beside the leader %s", leader)
 	})
 	fault("rollout restart", func(t *testing.T) {
-		c.kubectl(t, "-n", ns, "rollout", "restart", "deploy/l4xds-control-plane")
+		c.kubectl(t, "-n", ns, "rollout", "restart", "deploy/"+cpName)
 	})
 	fault("API server restarted", func(t *testing.T) { c.restartAPIServer(t) })
 	t.Run("ACK latency", func(t *testing.T) { c.ackLatency(t) })

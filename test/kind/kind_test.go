@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +28,12 @@ const (
 	// Where Documentation/kubernetes.md installs the chart.
 	ns     = "kube-system"
 	testNS = "l4xds-test"
+	// The release: not the docs' l4xds, so that every name the docs and
+	// the test use must hold for any release (<fullname>, see the docs'
+	// Names).
+	release  = "edge"
+	fullname = "edge-l4xds"
+	cpName   = fullname + "-control-plane"
 	// The docs' trial service (2 backends), and a UDP one weighted 70/30,
 	// both served by the same two backend pods.
 	tcpVIP = "10.1.2.3:3306"
@@ -175,6 +182,15 @@ func (c *cluster) docBlocks(t *testing.T) []string {
 		blocks = append(blocks, m[1])
 	}
 	return blocks
+}
+
+// forRelease is a command of the docs, which name the release l4xds, for
+// the release of this test.
+func forRelease(cmd string) string {
+	for _, verb := range []string{"install", "upgrade", "uninstall"} {
+		cmd = strings.ReplaceAll(cmd, "helm "+verb+" l4xds ", "helm "+verb+" "+release+" ")
+	}
+	return cmd
 }
 
 // docBlock returns the one code block of the docs that contains marker.
@@ -561,8 +577,7 @@ func (c *cluster) iptablesOnce(t *testing.T, n node, rule ...string) {
 // reset removes what a previous run on a kept cluster (KEEP=1) left; a
 // new cluster has none of it.
 func (c *cluster) reset(t *testing.T) {
-	c.run("helm", "uninstall", "l4xds", "-n", ns, "--wait")
-	c.run("kubectl", "-n", ns, "delete", "secret", "l4xds-agent-tls", "l4xds-control-plane-tls", "--ignore-not-found")
+	c.run("helm", "uninstall", release, "-n", ns, "--wait")
 	c.run("kubectl", "delete", "namespace", testNS, "--ignore-not-found", "--wait")
 	c.run("kubectl", "-n", ns, "delete", "service", dnsService, "--ignore-not-found")
 	c.run("kubectl", "delete", "gatewayclass", gatewayClass, "--ignore-not-found")
@@ -621,8 +636,9 @@ func TestKind(t *testing.T) {
 		t.Run("missing capabilities are named", func(t *testing.T) { c.missingCapabilities(t) })
 	}
 
-	// The docs' commands, verbatim: the certificates and Secrets, the
-	// trial values with the backend pods' addresses, helm install.
+	// The docs' commands, verbatim but for the release name: the trial
+	// values (their certificates by tls.auto.method=helm) with the backend
+	// pods' addresses, helm install.
 	docs := filepath.Join(c.work, "docs")
 	if err := os.MkdirAll(docs, 0o755); err != nil {
 		t.Fatal(err)
@@ -630,16 +646,21 @@ func TestKind(t *testing.T) {
 	if err := os.Symlink(filepath.Join(c.repo, "install"), filepath.Join(docs, "install")); err != nil {
 		t.Fatal(err)
 	}
-	c.sh(t, docs, c.docBlock(t, "l4xds-control-plane certs --out certs"))
 	trial := c.docBlock(t, "# trial.yaml")
+	if !strings.Contains(trial, "method: helm") {
+		t.Fatalf("the docs' trial.yaml does not use tls.auto.method helm:\n%s", trial)
+	}
 	if err := os.WriteFile(filepath.Join(docs, "trial.yaml"), []byte(resources(trial, b)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	install := strings.TrimSpace(c.docBlock(t, "-f trial.yaml"))
+	install := forRelease(strings.TrimSpace(c.docBlock(t, "-f trial.yaml")))
 	if legacy {
 		// As the docs' Security section says for such runtimes.
 		install += " --set legacyCapabilities=true"
 	}
+	// The agents' metrics on the nodes, for the monitoring below (from the
+	// install, so that turning on the monitors later rolls no agent).
+	install += " --set prometheus.enabled=true"
 	installStart := time.Now()
 	c.sh(t, docs, install)
 	t.Logf("helm install returned after %v", time.Since(installStart).Round(time.Second))
@@ -661,6 +682,8 @@ func TestKind(t *testing.T) {
 	t.Logf("agents Ready on both nodes %v after helm install started (%v after the test started)",
 		time.Since(installStart).Round(time.Second), time.Since(start).Round(time.Second))
 
+	t.Run("cert-manager objects accepted", func(t *testing.T) { c.certManagerObjects(t, docs) })
+
 	t.Run("dbg status synced", func(t *testing.T) {
 		for nodeName, a := range agents {
 			out := c.kubectl(t, "-n", ns, "exec", a.name, "--", "l4xds-dbg", "status")
@@ -680,7 +703,7 @@ func TestKind(t *testing.T) {
 	t.Run("control plane deleted", func(t *testing.T) {
 		tr := c.startTraffic(t)
 		c.kubectl(t, "-n", ns, "delete", "pod", "-l", "app.kubernetes.io/component=control-plane", "--wait=true")
-		c.kubectl(t, "-n", ns, "rollout", "status", "deploy/l4xds-control-plane", "--timeout", "3m")
+		c.kubectl(t, "-n", ns, "rollout", "status", "deploy/"+cpName, "--timeout", "3m")
 		// The agents reconnect to the new server and are Ready again.
 		c.waitAgentsReady(t, 3*time.Minute)
 		expectNoFailures(t, "control plane pod deleted and rescheduled", tr)
@@ -695,9 +718,10 @@ func TestKind(t *testing.T) {
 		// Maglev table size, which the new agents cannot write into the
 		// pinned maps. They fill new ones before their program replaces
 		// the running one (Documentation/kubernetes.md).
-		c.sh(t, docs, "helm upgrade l4xds install/kubernetes/l4xds -n kube-system --reuse-values --set maglevTableSize=2039 --wait")
+		certs := c.autoCerts(t)
+		c.sh(t, docs, forRelease("helm upgrade l4xds install/kubernetes/l4xds -n kube-system --reuse-values --set maglevTableSize=2039 --wait"))
 		after := c.waitAgentsReady(t, 3*time.Minute)
-		c.kubectl(t, "-n", ns, "rollout", "status", "ds/l4xds", "--timeout", "3m")
+		c.kubectl(t, "-n", ns, "rollout", "status", "ds/"+fullname, "--timeout", "3m")
 		after = c.waitAgentsReady(t, 3*time.Minute)
 		expectNoFailures(t, "helm upgrade rolling the agents", tr)
 		for nodeName, a := range after {
@@ -721,11 +745,18 @@ func TestKind(t *testing.T) {
 			}
 		}
 		c.checkTraffic(t, "after the upgrade", b)
+		// tls.auto.method=helm looked its Secrets up in the API server and
+		// kept them: the agents that rolled connected with them.
+		if after := c.autoCerts(t); !maps.Equal(certs, after) {
+			t.Errorf("helm upgrade changed the certificates of tls.auto.method=helm: before %v, after %v", certs, after)
+		}
 	})
 
 	t.Run("backend deleted", func(t *testing.T) { b = c.backendDeleted(t, docs, trial, b) })
 
 	t.Run("LoadBalancer Services and routes", func(t *testing.T) { c.loadBalancer(t, docs) })
+
+	t.Run("monitoring", func(t *testing.T) { c.monitoring(t, docs) })
 
 	t.Run("uninstall", func(t *testing.T) { c.uninstall(t, docs) })
 }
@@ -870,7 +901,7 @@ func (c *cluster) backendDeleted(t *testing.T, docs, trial string, b []backend) 
 		t.Fatal(err)
 	}
 	changed := time.Now()
-	c.sh(t, docs, "helm upgrade l4xds install/kubernetes/l4xds -n kube-system --reuse-values -f trial.yaml")
+	c.sh(t, docs, forRelease("helm upgrade l4xds install/kubernetes/l4xds -n kube-system --reuse-values -f trial.yaml"))
 	deadline := time.Now().Add(3 * time.Minute)
 	for _, n := range c.nodes {
 		c.route(t, n)
@@ -894,7 +925,7 @@ func (c *cluster) backendDeleted(t *testing.T, docs, trial string, b []backend) 
 // forwarding (as the docs say) until the docs' removal on each node, after
 // which nothing is pinned and the VIP is not forwarded.
 func (c *cluster) uninstall(t *testing.T, docs string) {
-	c.sh(t, docs, c.docBlock(t, "helm uninstall l4xds -n kube-system"))
+	c.sh(t, docs, forRelease(c.docBlock(t, "helm uninstall l4xds -n kube-system")))
 	deadline := time.Now().Add(2 * time.Minute)
 	for len(c.agents(t)) > 0 {
 		if time.Now().After(deadline) {
@@ -926,9 +957,6 @@ func (c *cluster) uninstall(t *testing.T, docs string) {
 		if r.Answered != 0 {
 			t.Errorf("%s still forwards the VIP after its pins were removed: nothing may stay attached", n.name)
 		}
-	}
-	for _, s := range []string{"l4xds-agent-tls", "l4xds-control-plane-tls"} {
-		c.run("kubectl", "-n", ns, "delete", "secret", s)
 	}
 }
 

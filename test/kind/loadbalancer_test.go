@@ -33,10 +33,10 @@ const (
 func (c *cluster) loadBalancer(t *testing.T, docs string) {
 	c.installGatewayCRDs(t)
 	// The docs' helm upgrade, with this cluster's pool.
-	upgrade := strings.TrimSpace(c.docBlock(t, "controlPlane.kubernetes.enabled=true"))
+	upgrade := forRelease(strings.TrimSpace(c.docBlock(t, "controlPlane.kubernetes.enabled=true")))
 	upgrade = strings.ReplaceAll(upgrade, "192.0.2.10-192.0.2.50", kubePool) + " --wait"
 	c.sh(t, docs, upgrade)
-	c.kubectl(t, "-n", ns, "rollout", "status", "deploy/l4xds-control-plane", "--timeout", "3m")
+	c.kubectl(t, "-n", ns, "rollout", "status", "deploy/"+cpName, "--timeout", "3m")
 	c.waitAgentsReady(t, 3*time.Minute)
 
 	t.Run("DNS through a LoadBalancer Service", func(t *testing.T) { c.dnsThroughVIP(t) })

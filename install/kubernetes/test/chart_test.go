@@ -754,7 +754,7 @@ func TestTemplateRejects(t *testing.T) {
 	for _, c := range []struct{ values, want string }{
 		{"xdsControlPlane: {enabled: true, tlsSecretName: s}", "xdsControlPlane.serverAddress: required"},
 		{"xdsControlPlane: {enabled: true, serverAddress: 'x:1'}", "xdsControlPlane.tlsSecretName: required"},
-		{"controlPlane: {enabled: true}", "controlPlane.tlsSecretName: required"},
+		{"controlPlane: {enabled: true}\ntls: {auto: {enabled: false}}", "controlPlane.tlsSecretName: required"},
 	} {
 		t.Run(c.values, func(t *testing.T) {
 			vals, err := chartutil.ReadValues([]byte(c.values))

@@ -102,6 +102,16 @@ func TestDocumentedNames(t *testing.T) {
 	for _, o := range r.Objects {
 		names = append(names, o.Name)
 	}
+	// And what tls.auto makes, by either method.
+	for _, method := range []string{"helm", "certmanager"} {
+		ra, err := renderRelease(t, "lb", autoTLS(method))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range ra.Objects {
+			names = append(names, o.Name)
+		}
+	}
 	docs, err := filepath.Glob(filepath.Join(repoRoot, "Documentation", "*.md"))
 	if err != nil || len(docs) == 0 {
 		t.Fatalf("no Documentation/*.md: %v", err)

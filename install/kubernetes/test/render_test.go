@@ -25,6 +25,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 )
 
@@ -63,6 +64,11 @@ var kinds = map[string]struct {
 	"RoleBinding":        {"rbac.authorization.k8s.io/v1", func() any { return new(rbacv1.RoleBinding) }},
 	// More than one replica.
 	"PodDisruptionBudget": {"policy/v1", func() any { return new(policyv1.PodDisruptionBudget) }},
+	// tls.auto: Helm's certificates, or cert-manager's (their schema is
+	// the CRDs', which the kind tier applies to a real API server).
+	"Secret":      {"v1", func() any { return new(corev1.Secret) }},
+	"Issuer":      {"cert-manager.io/v1", func() any { return new(unstructured.Unstructured) }},
+	"Certificate": {"cert-manager.io/v1", func() any { return new(unstructured.Unstructured) }},
 	// prometheus.serviceMonitor, podMonitor and prometheusRule
 	// (prometheus-operator's CRDs; the fields the chart sets, in
 	// monitoring_test.go).
@@ -109,7 +115,12 @@ func capabilities() *chartutil.Capabilities {
 // renderRelease is render for a release of another name.
 func renderRelease(t *testing.T, name string, values map[string]any) (*rendered, error) {
 	t.Helper()
-	chrt := loadChart(t)
+	return renderChart(t, loadChart(t), name, values)
+}
+
+// renderChart is renderRelease for a chart loaded otherwise (a package).
+func renderChart(t *testing.T, chrt *chart.Chart, name string, values map[string]any) (*rendered, error) {
+	t.Helper()
 	caps := capabilities()
 	opts := chartutil.ReleaseOptions{Name: name, Namespace: namespace, Revision: 1, IsInstall: true}
 	top, err := chartutil.ToRenderValues(chrt, values, opts, caps)

@@ -126,6 +126,62 @@ more). */}}
 {{- end -}}
 {{- end -}}
 
+{{/*
+tls.auto as a dict with its defaults filled in: a release upgraded with
+--reuse-values from a chart version before tls.auto has no tls key.
+*/}}
+{{- define "l4xds.tlsAuto" -}}
+{{- $auto := dig "auto" dict (.Values.tls | default dict) -}}
+{{- dict "enabled" (dig "enabled" true $auto) "method" (dig "method" "helm" $auto) "certValidityDuration" (dig "certValidityDuration" 1095 $auto) "certManagerIssuerRef" (dig "certManagerIssuerRef" dict $auto) | toJson -}}
+{{- end -}}
+
+{{/*
+The Secret the reference control plane reads its server certificate from:
+controlPlane.tlsSecretName, else the one tls.auto makes; empty when the
+control plane runs in plaintext or has no certificate.
+*/}}
+{{- define "l4xds.controlPlaneTLSSecret" -}}
+{{- $cp := .Values.controlPlane -}}
+{{- $auto := include "l4xds.tlsAuto" . | fromJson -}}
+{{- if and $cp.enabled (not $cp.insecure) -}}
+{{- if $cp.tlsSecretName -}}
+{{- $cp.tlsSecretName -}}
+{{- else if $auto.enabled -}}
+{{- printf "%s-certs" (include "l4xds.controlPlaneName" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The Secret the agents read their client certificate from:
+xdsControlPlane.tlsSecretName, else the one tls.auto makes. tls.auto signs
+the agents' certificate with the CA that signs the chart's control plane's
+(helm, or certmanager without an issuer of yours), so it makes one only for
+agents of the chart's control plane, or with your cert-manager issuer, whose
+CA your server trusts.
+*/}}
+{{- define "l4xds.agentTLSSecret" -}}
+{{- $xds := .Values.xdsControlPlane -}}
+{{- $cp := .Values.controlPlane -}}
+{{- $auto := include "l4xds.tlsAuto" . | fromJson -}}
+{{- if and $xds.enabled (not $xds.insecure) -}}
+{{- if $xds.tlsSecretName -}}
+{{- $xds.tlsSecretName -}}
+{{- else if and $auto.enabled (or (and $cp.enabled (not $cp.insecure)) (and (eq $auto.method "certmanager") $auto.certManagerIssuerRef)) -}}
+{{- printf "%s-agent-certs" (include "l4xds.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The names the control plane's server certificate carries: its Service, as
+the agents dial it (<service>.<namespace>.svc), and the shorter forms.
+*/}}
+{{- define "l4xds.controlPlaneDNSNames" -}}
+{{- $svc := include "l4xds.controlPlaneName" . -}}
+{{- list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) | toJson -}}
+{{- end -}}
+
 {{/* The headless Services of the ServiceMonitors: a Service name has at most
 63 characters and <fullname> 49, hence "cp". */}}
 {{- define "l4xds.agentMetricsName" -}}
