@@ -22,7 +22,7 @@ const (
 	ciliumSelector = "k8s-app=cilium"
 	// The control plane, in the control-plane node's network namespace,
 	// where the agents dial it (cilium/values.yaml).
-	cpName = "l4xds-control-plane"
+	ciliumCPName = "l4xds-control-plane"
 	cpPort = 18000
 )
 
@@ -50,7 +50,7 @@ func TestKindCilium(t *testing.T) {
 	t.Logf("backends: %+v", b)
 
 	c.apply(t, fmt.Sprintf(controlPlaneYAML, ciliumNS, c.image, c.name+"-control-plane", cpPort, indent(ciliumResources(b), "    "), cpPort+1))
-	c.kubectl(t, "-n", ciliumNS, "rollout", "status", "deploy/"+cpName, "--timeout", "3m")
+	c.kubectl(t, "-n", ciliumNS, "rollout", "status", "deploy/"+ciliumCPName, "--timeout", "3m")
 
 	t.Run("cilium-dbg shows the xDS services", func(t *testing.T) {
 		c.waitCiliumServing(t, b)
@@ -110,8 +110,8 @@ func TestKindCilium(t *testing.T) {
 
 	t.Run("control plane down", func(t *testing.T) {
 		tr := c.startTraffic(t)
-		c.kubectl(t, "-n", ciliumNS, "scale", "deploy/"+cpName, "--replicas=0")
-		c.kubectl(t, "-n", ciliumNS, "wait", "--for=delete", "pod", "-l", "app="+cpName, "--timeout", "2m")
+		c.kubectl(t, "-n", ciliumNS, "scale", "deploy/"+ciliumCPName, "--replicas=0")
+		c.kubectl(t, "-n", ciliumNS, "wait", "--for=delete", "pod", "-l", "app="+ciliumCPName, "--timeout", "2m")
 		// The agents have noticed: their streams are down.
 		connected := regexp.MustCompile(`\bconnected\b`)
 		for nodeName, pod := range c.ciliumPods(t) {
@@ -136,8 +136,8 @@ func TestKindCilium(t *testing.T) {
 		}
 		expectNoFailures(t, "control plane down", tr)
 		c.checkTraffic(t, "control plane down", b)
-		c.kubectl(t, "-n", ciliumNS, "scale", "deploy/"+cpName, "--replicas=1")
-		c.kubectl(t, "-n", ciliumNS, "rollout", "status", "deploy/"+cpName, "--timeout", "3m")
+		c.kubectl(t, "-n", ciliumNS, "scale", "deploy/"+ciliumCPName, "--replicas=1")
+		c.kubectl(t, "-n", ciliumNS, "rollout", "status", "deploy/"+ciliumCPName, "--timeout", "3m")
 	})
 
 	t.Run("helm upgrade changing an xDS setting", func(t *testing.T) {
@@ -362,7 +362,7 @@ func (c *cluster) ciliumDumpOnFailure(t *testing.T) {
 		for _, args := range [][]string{
 			{"get", "pods", "-A", "-o", "wide"},
 			{"-n", ciliumNS, "logs", "-l", ciliumSelector, "-c", "cilium-agent", "--tail", "40", "--prefix"},
-			{"-n", ciliumNS, "logs", "-l", "app=" + cpName, "--tail", "30", "--prefix"},
+			{"-n", ciliumNS, "logs", "-l", "app=" + ciliumCPName, "--tail", "30", "--prefix"},
 			{"-n", ciliumNS, "get", "events", "--sort-by", ".lastTimestamp"},
 		} {
 			out, _ := c.run("kubectl", args...)
