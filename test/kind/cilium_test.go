@@ -23,7 +23,7 @@ const (
 	// The control plane, in the control-plane node's network namespace,
 	// where the agents dial it (cilium/values.yaml).
 	ciliumCPName = "l4xds-control-plane"
-	cpPort = 18000
+	cpPort       = 18000
 )
 
 func TestKindCilium(t *testing.T) {
