@@ -704,8 +704,18 @@ func TestKind(t *testing.T) {
 		tr := c.startTraffic(t)
 		c.kubectl(t, "-n", ns, "delete", "pod", "-l", "app.kubernetes.io/component=control-plane", "--wait=true")
 		c.kubectl(t, "-n", ns, "rollout", "status", "deploy/"+cpName, "--timeout", "3m")
-		// The agents reconnect to the new server and are Ready again.
-		c.waitAgentsReady(t, 3*time.Minute)
+		// The agents stay Ready throughout (they serve their last state);
+		// they reconnect to the new server: l4xds-dbg status, which exits
+		// 1 while an agent is degraded, exits 0 again on every node.
+		for nodeName, a := range c.waitAgentsReady(t, 3*time.Minute) {
+			c.eventually(t, "l4xds-dbg status on "+nodeName+" after the control plane came back", func() string {
+				out, err := c.run("kubectl", "-n", ns, "exec", a.name, "--", "l4xds-dbg", "status")
+				if err != nil {
+					return fmt.Sprintf("%v:\n%s", err, out)
+				}
+				return ""
+			})
+		}
 		expectNoFailures(t, "control plane pod deleted and rescheduled", tr)
 	})
 
