@@ -199,20 +199,52 @@ func fzSeed(t *testing.T, dp *Datapath, m *model.Datapath, s *scenario, ids map[
 		rev := fwd
 		rev.Flags &^= model.SynAckSeen | model.ReplyLost
 		rev.SynAckAck = 0
-		mp, st := dp.objs.L4xdsCt, m.State.CT
+		if f.staleReply {
+			// The entry another backend's flow left: its reply key and
+			// backend are that backend's (of the same service, or not).
+			rb := backend(f.frontend, f.backend+1)
+			rk.Src = netip.AddrPortFrom(a16(rb.Address.Addr()), rb.Address.Port())
+			rev.BackendID, rev.ServiceID = rb.ID, rb.ServiceID
+		}
+		fmp, fst := dp.objs.L4xdsCt, m.State.CT
+		rmp, rst := fmp, fst
 		if !f.established {
-			mp, st = dp.objs.L4xdsCtNew, m.State.CTNew
+			rmp, rst = dp.objs.L4xdsCtNew, m.State.CTNew
+			if !f.forwardEstablished {
+				fmp, fst = rmp, rst
+			} else {
+				fwd.Flags &^= model.New | model.SynAckSeen | model.WithAffinity
+				fwd.SynAckAck = 0
+			}
 		}
 		for _, e := range []struct {
-			k model.FlowKey
-			v model.Flow
-		}{{fk, fwd}, {rk, rev}} {
+			mp *ebpf.Map
+			st map[model.FlowKey]model.Flow
+			k  model.FlowKey
+			v  model.Flow
+		}{{fmp, fst, fk, fwd}, {rmp, rst, rk, rev}} {
 			key, val := fzCTKeyToBPF(e.k), fzCTEntryToBPF(e.v)
-			if err := mp.Put(&key, &val); err != nil {
+			if err := e.mp.Put(&key, &val); err != nil {
 				t.Fatal(err)
 			}
-			st[e.k] = e.v
+			e.st[e.k] = e.v
 		}
+	}
+	if s.rejectAhead > 0 {
+		// As a larger limit left it, on every CPU.
+		tat := now + uint64(s.rejectAhead)
+		cpus, err := ebpf.PossibleCPU()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := make([]bpf.L4xdsLbRejectBucket, cpus)
+		for i := range b {
+			b[i].Tat = tat
+		}
+		if err := dp.objs.L4xdsRejectBucket.Put(uint32(0), b); err != nil {
+			t.Fatalf("write %s: %v", bpf.L4xdsMapL4xdsRejectBucket, err)
+		}
+		m.State.RejectTAT = tat
 	}
 	for _, a := range s.affinity {
 		if len(backends) == 0 {
@@ -446,6 +478,10 @@ func fzDiffState(want, got *model.State, gotFrags map[bpf.L4xdsLbFragKey]model.F
 			tat = n + k*limit.Interval
 			break
 		}
+	}
+	// Or clamped to a packet's now and the burst (a bucket found ahead).
+	if n := norm(tat - min(tat, limit.Burst)); tat > limit.Burst && n != tat-limit.Burst {
+		tat = n + limit.Burst
 	}
 	if tat != want.RejectTAT {
 		diffs = append(diffs, fmt.Sprintf("l4xds_reject_bucket: program tat %d, model %d", tat, want.RejectTAT))

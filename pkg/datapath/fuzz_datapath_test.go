@@ -78,9 +78,13 @@ var (
 	fzDports  = []uint16{80, 53, 81}
 	fzBackend = addrPorts("192.168.1.10:8080", "192.168.1.11:8080", "192.168.1.12:80", "10.0.0.2:8080",
 		"[fd00::10]:8080", "[fd00::11]:8080", "[fd00::12]:80", "[2001:db8::1]:80")
-	fzClients = addrs("10.0.0.2", "203.0.113.9", "2001:db8:c::2", "::ffff:10.0.0.2", "192.168.1.10", "fd00::10")
-	fzCports  = []uint16{40000, 40001}
-	fzRanges  = prefixes("10.0.0.0/8", "203.0.113.0/24", "0.0.0.0/0", "::/0", "2001:db8:c::/48", "::ffff:0:0/96",
+	// Clients, and sources that name no single host (refused by no
+	// refusal), among them an IPv6 one of IPv4-mapped multicast, which is
+	// not IPv6 multicast.
+	fzClients = addrs("10.0.0.2", "203.0.113.9", "2001:db8:c::2", "::ffff:10.0.0.2", "192.168.1.10", "fd00::10",
+		"224.0.0.1", "::ffff:224.0.0.1", "ff02::1")
+	fzCports = []uint16{40000, 40001}
+	fzRanges = prefixes("10.0.0.0/8", "203.0.113.0/24", "0.0.0.0/0", "::/0", "2001:db8:c::/48", "::ffff:0:0/96",
 		"::ffff:10.0.0.0/104", "::/8", "10.0.0.2/32", "2001:db8:c::2/128")
 	fzStates = []lb.BackendState{lb.BackendStateActive, lb.BackendStateActive, lb.BackendStateActive,
 		lb.BackendStateTerminating, lb.BackendStateQuarantined, lb.BackendStateMaintenance}
@@ -95,6 +99,9 @@ var (
 	fzSeqs     = []uint32{0, 1000, 1001, 5000, 5001, 0xffffffff}
 	fzTCPFlags = []uint8{fzSYN, fzACK, fzSYN | fzACK, fzFIN | fzACK, fzRST, fzRST | fzACK, 0x08 | fzACK, 0, fzFIN}
 	fzPayloads = []int{0, 1, 7, 100}
+	// fzRejectAhead: none, within the fuzzer's burst (4 s of a CPU's
+	// share or more), and far beyond it.
+	fzRejectAhead = []time.Duration{0, 0, time.Second, time.Hour, 48 * time.Hour}
 )
 
 const (
@@ -155,6 +162,9 @@ type scenario struct {
 	flows      []seedFlow
 	affinity   []seedAffinity
 	packets    []fzPacket
+	// rejectAhead: the reject bucket's time this far ahead of now, as a
+	// larger limit left it (0: a full bucket).
+	rejectAhead time.Duration
 }
 
 // seedFlow is a conntrack entry there before the packets, both its
@@ -168,6 +178,14 @@ type seedFlow struct {
 	flags       model.FlowFlags
 	synAckAck   uint32
 	age         time.Duration
+	// staleReply: the reply entry is of another backend than the
+	// forward entry (the flow went elsewhere since, its old backend's
+	// entry left behind).
+	staleReply bool
+	// forwardEstablished: a flow not established yet whose forward
+	// entry is in the established map (established on another CPU
+	// meanwhile), its reply entry in the new-flow map.
+	forwardEstablished bool
 }
 
 type seedAffinity struct {
@@ -252,7 +270,9 @@ func decodeScenario(data []byte) *scenario {
 			if flags&8 != 0 {
 				fl.flags |= model.WithAffinity
 			}
+			fl.forwardEstablished = flags&32 != 0
 		}
+		fl.staleReply = flags&16 != 0
 		s.flows = append(s.flows, fl)
 	}
 	for range in.pick(3) {
@@ -264,6 +284,8 @@ func decodeScenario(data []byte) *scenario {
 	for range 1 + in.pick(4) {
 		s.packets = append(s.packets, decodePacket(in, s, &firstFrags))
 	}
+	// Last, so that the inputs found before it decode as they did.
+	s.rejectAhead = pick(in, fzRejectAhead)
 	return s
 }
 
@@ -485,16 +507,10 @@ func decodeICMP(in *fzInput, kind int, vip, b, client netip.AddrPort, l4 fzL4) f
 	outer.v6 = !(outer.src.Is4() && outer.dst.Is4())
 	inner.v6 = !(inner.src.Is4() && inner.dst.Is4())
 	inner.proto = l4.proto
-	quoted := inner.bytes(l4.bytes(inner.v6, inner.src, inner.dst))
 	// How much of it is quoted: all, the IP header and 8 bytes, or
-	// enough for a TCP checksum.
-	ihl := 20
-	if inner.v6 {
-		ihl = 40
-	}
-	if n := []int{len(quoted), ihl + 8, ihl + 18, ihl + 4}[in.pick(4)]; n < len(quoted) {
-		quoted = quoted[:n]
-	}
+	// enough for a TCP checksum (the quote is made once its fragmenting,
+	// read with the mangling, is known).
+	cut := in.pick(4)
 	var typ, code uint8
 	if kind == pktICMPError {
 		if outer.v6 {
@@ -518,6 +534,34 @@ func decodeICMP(in *fzInput, kind int, vip, b, client netip.AddrPort, l4 fzL4) f
 	if m&1 != 0 && !outer.v6 {
 		outer.fragOff = 0x2000
 		desc += ", fragment"
+	}
+	// An ICMPv6 error may quote a fragment (PMTU discovery of a datagram
+	// its sender fragmented): the first, or (m&2) a later one.
+	if m&1 != 0 && outer.v6 {
+		later := m&2 != 0
+		if inner.v6 {
+			inner.fragHdr, inner.fragOff = true, 1
+			if later {
+				inner.fragOff = 1 << 3
+			}
+		} else {
+			inner.fragOff = 0x2000
+			if later {
+				inner.fragOff = 1
+			}
+		}
+		desc += fmt.Sprintf(", quoting a fragment (later %v)", later)
+	}
+	quoted := inner.bytes(l4.bytes(inner.v6, inner.src, inner.dst))
+	ihl := 20
+	if inner.v6 {
+		ihl = 40
+		if inner.fragHdr {
+			ihl += 8
+		}
+	}
+	if n := []int{len(quoted), ihl + 8, ihl + 18, ihl + 4}[cut]; n < len(quoted) {
+		quoted = quoted[:n]
 	}
 	frame := fzEther(outer.v6, outer.bytes(fzICMP(outer.v6, outer.src, outer.dst, typ, code, quoted)))
 	if m&16 != 0 {
@@ -554,10 +598,20 @@ func (s *scenario) String() string {
 		fmt.Fprintf(&b, "  removed long ago: %s\n", s.expiredVIP)
 	}
 	for _, f := range s.flows {
-		fmt.Fprintf(&b, "  flow %s -> frontend %d, backend #%d, established %v, flags %#x, age %s\n", f.client, f.frontend, f.backend, f.established, f.flags, f.age)
+		fmt.Fprintf(&b, "  flow %s -> frontend %d, backend #%d, established %v, flags %#x, age %s", f.client, f.frontend, f.backend, f.established, f.flags, f.age)
+		if f.staleReply {
+			b.WriteString(", reply entry of the next backend")
+		}
+		if f.forwardEstablished {
+			b.WriteString(", forward entry established")
+		}
+		b.WriteString("\n")
 	}
 	for _, a := range s.affinity {
 		fmt.Fprintf(&b, "  affinity %s of frontend %d -> backend #%d, age %s\n", a.client, a.frontend, a.backend, a.age)
+	}
+	if s.rejectAhead > 0 {
+		fmt.Fprintf(&b, "  reject bucket %s ahead\n", s.rejectAhead)
 	}
 	for i, p := range s.packets {
 		fmt.Fprintf(&b, "  packet %d: %s\n", i, p.desc)

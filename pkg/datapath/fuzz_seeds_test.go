@@ -49,8 +49,12 @@ const (
 
 	// Backends and clients: of the family of the VIP, these indexes.
 	sBE0, sBE1, sBE2 = 0, 1, 2
-	// Clients: 10.0.0.2 | 2001:db8:c::2; 203.0.113.9 | ::ffff:10.0.0.2.
-	sClient0, sClient1 = 0, 1
+	// Clients: 10.0.0.2 | 2001:db8:c::2; 203.0.113.9 | ::ffff:10.0.0.2;
+	// 192.168.1.10 | fd00::10; 224.0.0.1 | ::ffff:224.0.0.1; - | ff02::1.
+	sClient0, sClient1, sClient2, sClientMcast, sClientMcast6 = 0, 1, 2, 3, 4
+
+	// fzRejectAhead
+	sAheadNone, sAhead1s, sAhead1h, sAhead48h = 0, 2, 3, 4
 
 	sActive, sTerminating, sQuarantined, sMaintenance = 0, 3, 4, 5
 	sW1, sW2, sW0                                     = 0, 2, 3
@@ -90,8 +94,10 @@ type seedFlowIn struct {
 	fe, client, cport, backend int
 	established                bool
 	age                        int
-	flags                      byte // 1 closing, 2 reply lost, 4 SYN-ACK seen, 8 affinity
-	synAckSeq                  int
+	// 1 closing, 2 reply lost, 4 SYN-ACK seen, 8 affinity, 16 the reply
+	// entry of the next backend, 32 the forward entry established
+	flags     byte
+	synAckSeq int
 }
 
 type seedAffinityIn struct{ fe, client, backend, age int }
@@ -127,6 +133,8 @@ type seedScenario struct {
 	flows     []seedFlowIn
 	affinity  []seedAffinityIn
 	packets   []seedPacket
+	// rejectAhead: fzRejectAhead's index.
+	rejectAhead int
 }
 
 func (s seedScenario) bytes() []byte {
@@ -190,7 +198,7 @@ func (s seedScenario) bytes() []byte {
 			b = append(b, p.mangleArgs...)
 		}
 	}
-	return b
+	return append(b, byte(s.rejectAhead))
 }
 
 func boolByte(v bool) byte {
@@ -376,6 +384,80 @@ func fuzzSeeds() []seedScenario {
 			{kind: sToVIP, fe: -1, dst: sDstOther4, dport: sDport80, client: sClient0},
 			{kind: sToVIP, fe: -1, dst: sDstMappedVIP4, dport: sDport80, client: sClient0},
 			{kind: sICMPOther, fe: 0, client: sClient0, icmpFromClient: true, icmpType: 0}, // echo to the VIP
+		},
+	}, {
+		name:      "ipv6-fragment-header-cut",
+		frontends: []seedFrontend{{vip: sVIP6, port: sPort80, backends: []seedBackend{active}}},
+		packets: []seedPacket{
+			// A first fragment cut within its Fragment header, and
+			// before it: malformed, to a VIP.
+			mangled(toVIP(0, 0, sClient0, sSYN, sSeq1000, sSeq0), 1|64, 1),
+			mangled(toVIP(0, 0, sClient0, sSYN, sSeq1000, sSeq0), 1|64, 0),
+			// Not to a VIP: the stack's.
+			mangled(seedPacket{kind: sToVIP, fe: -1, dst: sDstOther6, client: sClient0, flags: sSYN}, 1|64, 1),
+		},
+	}, {
+		name:        "reject-bucket-ahead",
+		frontends:   []seedFrontend{{vip: sVIP4, port: sPort80, backends: []seedBackend{be(sBE0, sQuarantined, sW1, sP0)}}},
+		rejectAhead: sAhead48h,
+		// Left 48 h ahead by a larger limit: this limit's empty bucket,
+		// not two days without refusals.
+		packets: []seedPacket{toVIP(0, 0, sClient0, sSYN, sSeq1000, sSeq0), toVIP(0, 0, sClient1, sSYN, sSeq1000, sSeq0)},
+	}, {
+		name:        "reject-bucket-within-burst",
+		frontends:   []seedFrontend{{udp: true, vip: sVIP6, port: sPort53, backends: []seedBackend{be(sBE0, sMaintenance, sW1, sP0)}}},
+		rejectAhead: sAhead1s,
+		packets:     []seedPacket{udp(toVIP(0, 0, sClient0, 0, 0, 0)), udp(toVIP(0, 0, sClient1, 0, 0, 0))},
+	}, {
+		name: "refusals-to-no-single-host",
+		frontends: []seedFrontend{
+			{vip: sVIP4, port: sPort80, backends: []seedBackend{be(sBE0, sQuarantined, sW1, sP0)}},
+			{udp: true, vip: sVIP6, port: sPort53, backends: []seedBackend{be(sBE0, sMaintenance, sW1, sP0)}},
+		},
+		packets: []seedPacket{
+			toVIP(0, 0, sClientMcast, sSYN, sSeq1000, sSeq0),
+			udp(toVIP(1, 0, sClientMcast6, 0, 0, 0)),
+			// IPv4-mapped multicast is no IPv6 multicast: refused.
+			udp(toVIP(1, 0, sClientMcast, 0, 0, 0)),
+		},
+	}, {
+		name: "half-open-stale",
+		frontends: []seedFrontend{{vip: sVIP4, port: sPort80,
+			backends: []seedBackend{active, be(sBE1, sActive, sW1, sP0)}}},
+		// Flows gone to another backend, the reply entry of the one
+		// they left behind; one established meanwhile.
+		flows: []seedFlowIn{
+			{fe: 0, client: sClient0, backend: 0, age: sAge0, flags: 16},
+			{fe: 0, client: sClient1, backend: 0, age: sAge0, flags: 16 | 32},
+		},
+		packets: []seedPacket{
+			fromBackend(0, 0, sClient0, sSYNACK, sSeq5000, sSeq1001),
+			fromBackend(0, 1, sClient0, sSYNACK, sSeq5000, sSeq1001),
+			{kind: sICMPError, fe: 0, be: 1, client: sClient1, icmpType: 0, icmpCode: 0},
+			{kind: sICMPError, fe: 0, be: 0, client: sClient1, icmpType: 0, icmpCode: 0},
+		},
+	}, {
+		name: "half-open-established-elsewhere",
+		frontends: []seedFrontend{{udp: true, vip: sVIP6, port: sPort53,
+			backends: []seedBackend{active, be(sBE1, sActive, sW1, sP0)}}},
+		// The forward entry established on another CPU: a SYN-ACK is
+		// not remembered in it, an answer establishes the flow.
+		flows: []seedFlowIn{{fe: 0, client: sClient0, backend: 0, age: sAge2s, flags: 32}},
+		packets: []seedPacket{
+			udp(fromBackend(0, 0, sClient0, 0, 0, 0)),
+			udp(fromBackend(0, 1, sClient0, 0, 0, 0)),
+		},
+	}, {
+		name:      "icmp6-errors-quoting-fragments",
+		frontends: []seedFrontend{{udp: true, vip: sVIP6, port: sPort53, backends: []seedBackend{active}}},
+		packets: []seedPacket{
+			udp(toVIP(0, 0, sClient0, 0, 0, 0)),
+			// Packet too big quoting a first fragment: the flow's.
+			{kind: sICMPError, fe: 0, client: sClient0, udp: true, icmpV6: true, icmpType: 1, mangle: 1},
+			// Quoting a later fragment: no ports, not translated.
+			{kind: sICMPError, fe: 0, client: sClient0, udp: true, icmpV6: true, icmpType: 1, mangle: 1 | 2},
+			// The client's, to the VIP, quoting the reply's first fragment.
+			{kind: sICMPError, fe: 0, client: sClient0, udp: true, icmpFromClient: true, icmpV6: true, icmpType: 0, mangle: 1},
 		},
 	}}
 }

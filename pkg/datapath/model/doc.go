@@ -17,7 +17,8 @@
 //  1. parsing: a packet the program cannot read as IPv4 or IPv6 is not its
 //     business and passes; a packet it reads but does not translate (other
 //     protocols, IPv6 extension headers, ICMP but errors of translated
-//     flows, truncated headers, later fragments of unknown datagrams) is
+//     flows, truncated headers, an IPv6 Fragment header cut short, later
+//     fragments of unknown datagrams) is
 //     dropped and counted when it is addressed to a VIP, live or removed
 //     within its grace period, and passes otherwise;
 //  2. a packet to a VIP:port/protocol: the backend's reply if it is one,
@@ -25,6 +26,8 @@
 //     one (affinity, then the Maglev table), or a refusal (TCP RST, ICMP
 //     port unreachable, within the reject limit) when no backend takes new
 //     flows;
-//  3. a backend's reply: its source restored to the VIP;
+//  3. a backend's reply: its source restored to the VIP; not when it is
+//     that of a flow not established yet which has gone to another
+//     backend since (a stale entry);
 //  4. any other packet to a VIP: dropped and counted.
 package model

@@ -65,6 +65,16 @@ func (d *Datapath) icmpError(p *packet, out []byte, now uint64) (Result, bool) {
 		inSrc = netip.AddrFrom16([16]byte(f[inOff+8 : inOff+24]))
 		inDst = netip.AddrFrom16([16]byte(f[inOff+24 : inOff+40]))
 		inL3 = 40
+		// A first fragment (a datagram too big for the path, which its
+		// sender fragmented) has its ports after the Fragment header; a
+		// later one quotes none.
+		if proto == nextHdrFrag {
+			if len(f) < inOff+40+fragHdrLen || be16(f[inOff+42:])&ip6Off != 0 {
+				return Result{}, false
+			}
+			proto = f[inOff+40]
+			inL3 += fragHdrLen
+		}
 	} else {
 		if len(f) < inOff+20 || f[inOff]>>4 != 4 || f[inOff]&0xf < 5 {
 			return Result{}, false
@@ -100,7 +110,17 @@ func (d *Datapath) icmpError(p *packet, out []byte, now uint64) (Result, bool) {
 		newPort          uint16
 		outerOld         netip.Addr
 	)
-	if e, ok := d.liveFlow(key, now); ok {
+	e, ok := live(d.State.CT, key, now)
+	if !ok {
+		if e, ok = live(d.State.CTNew, key, now); ok {
+			// About a backend the flow, not established yet, has left:
+			// not the flow's (it would abort the client's connect).
+			if f, m, _ := d.halfOpenForward(key, e); halfOpenStale(f, m, e) {
+				return Result{}, false
+			}
+		}
+	}
+	if ok {
 		reply, svcID = true, e.ServiceID
 		oldAddr, newAddr, newPort, outerOld = inDst, e.VIP.Addr(), e.VIP.Port(), p.src
 	} else {

@@ -67,9 +67,8 @@ func (d *Datapath) Process(pkt Packet, now uint64) Result {
 	out := append([]byte(nil), pkt.Frame...)
 	switch p.class {
 	case notIP:
-		// Includes IPv6 whose Fragment header is cut off and IPv4 with a
-		// bad version or IHL: the stack discards them, it does not
-		// forward them.
+		// Includes IPv4 with a bad version or IHL: the stack discards
+		// it, it does not forward it.
 		return Result{Pass, out, "not IP the program reads"}
 	case laterFragment:
 		return d.laterFragment(p, out, now)
@@ -348,7 +347,9 @@ func (d *Datapath) reply(p *packet, out []byte, now uint64) (Result, bool) {
 		return Result{Pass, out, "reply entry of the other family"}, true
 	}
 	if !established {
-		d.replyNew(p, rk, e, now)
+		if !d.replyNew(p, rk, e, now) {
+			return Result{}, false
+		}
 	} else {
 		closing := p.closing() && e.Flags&Closing == 0
 		if closing || now-e.LastSeen >= uint64(refreshEvery) {
@@ -375,23 +376,54 @@ func (d *Datapath) reply(p *packet, out []byte, now uint64) (Result, bool) {
 // client's ACK of it establishes the flow; anything but a SYN or a RST
 // means the backend's side is established. (A backend answering a spoofed
 // SYN sends SYN-ACKs only, to a client that never acknowledges them.)
-func (d *Datapath) replyNew(p *packet, rk FlowKey, h Flow, now uint64) {
-	fk := FlowKey{Src: rk.Dst, Dst: h.VIP, Proto: rk.Proto, Dir: Forward}
+// false: the entry is stale (halfOpenStale), the answer not the flow's.
+func (d *Datapath) replyNew(p *packet, rk FlowKey, h Flow, now uint64) bool {
+	f, m, fk := d.halfOpenForward(rk, h)
+	if halfOpenStale(f, m, h) {
+		return false
+	}
 	if p.proto == ProtoTCP && p.tcpFlags&tcpSYN != 0 {
-		if f, ok := d.State.CTNew[fk]; ok && f.Flags&SynAckSeen == 0 {
+		// Only a flow not established yet remembers a SYN-ACK, once.
+		if m != nil && f.Flags&(New|SynAckSeen) == New {
 			f.SynAckAck = p.seq + 1
 			f.Flags |= SynAckSeen
-			d.State.CTNew[fk] = f
+			m[fk] = f
 		}
-		return
+		return true
 	}
 	if p.proto == ProtoTCP && p.tcpFlags&tcpRST != 0 {
-		return
+		return true
 	}
 	if p.closing() {
 		h.Flags |= Closing
 	}
 	d.promote(fk, rk, h, now)
+	return true
+}
+
+// halfOpenForward is the forward entry of the flow whose half-open reply
+// entry is rk, h: in the new-flow map, or in the established one if the
+// flow was established meanwhile; m is the map it is in, nil if none. As
+// the maps hold it: an entry past its lifetime not yet reclaimed counts.
+func (d *Datapath) halfOpenForward(rk FlowKey, h Flow) (Flow, map[FlowKey]Flow, FlowKey) {
+	fk := FlowKey{Src: rk.Dst, Dst: h.VIP, Proto: rk.Proto, Dir: Forward}
+	if f, ok := d.State.CTNew[fk]; ok {
+		return f, d.State.CTNew, fk
+	}
+	if f, ok := d.State.CT[fk]; ok {
+		return f, d.State.CT, fk
+	}
+	return Flow{}, nil, fk
+}
+
+// halfOpenStale: the flow of the half-open reply entry h has gone to
+// another backend (or service) since, its forward entry f says: what its
+// old backend, or a router in front of it, sends about it is not the
+// flow's. Taken as the flow's, a SYN-ACK would hand the client this
+// backend's sequence numbers, an answer take the flow back to it, an ICMP
+// error abort the client's connect.
+func halfOpenStale(f Flow, m map[FlowKey]Flow, h Flow) bool {
+	return m != nil && (f.BackendID != h.BackendID || f.ServiceID != h.ServiceID)
 }
 
 // forward translates the packet (the destination to the backend, or the

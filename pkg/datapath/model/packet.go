@@ -227,7 +227,10 @@ func parse6(p *packet) {
 		// The only extension header walked: a Fragment header right
 		// after the fixed one.
 		if len(ip) < ipv6HdrLen+fragHdrLen {
-			return // see Process: the stack discards it
+			// Cut short: malformed (dropped if to a VIP), not the
+			// stack's, which would forward it without reading it.
+			p.class = truncated
+			return
 		}
 		fh := ip[ipv6HdrLen:]
 		if fh[0] != ProtoTCP && fh[0] != ProtoUDP {

@@ -26,6 +26,13 @@ func (d *Datapath) rejectAllowed(now uint64) bool {
 		return false
 	}
 	tat := max(d.State.RejectTAT, now)
+	// A bucket further ahead than this limit allows was left by a larger
+	// one (the map outlives the agent): it is this limit's empty bucket,
+	// not days without refusals.
+	if tat-now > l.Burst {
+		tat = now + l.Burst
+		d.State.RejectTAT = tat
+	}
 	if tat+l.Interval-now > l.Burst {
 		return false
 	}
@@ -46,7 +53,7 @@ func (d *Datapath) refuse(p *packet, out []byte, svcID uint32, now uint64, why s
 		d.State.countDrop(svcID, DropNoBackend)
 		return Result{Drop, out, why + ": a RST is never answered"}
 	}
-	if !unicastSource(p.src) {
+	if !unicastSource(p.src, p.v6) {
 		d.State.countDrop(svcID, DropNoBackend)
 		return Result{Drop, out, why + ": the source is not one host"}
 	}
@@ -168,12 +175,14 @@ func portUnreachable(p *packet) []byte {
 }
 
 // unicastSource: not IPv4 0/8, multicast, class E or the limited
-// broadcast, not IPv6 unspecified or multicast. (src is in its 16-byte
-// form: an IPv4 source is IPv4-mapped.)
-func unicastSource(src netip.Addr) bool {
-	if src.Is4In6() {
+// broadcast, not IPv6 unspecified or multicast. By the packet's family:
+// src is in its 16-byte form, and an IPv6 packet from an IPv4-mapped
+// address is judged by its IPv6 form (::ffff:224.0.0.1 is no multicast).
+func unicastSource(src netip.Addr, v6 bool) bool {
+	if !v6 {
 		b := src.Unmap().As4()
 		return b[0] != 0 && b[0] < 224
 	}
-	return !src.IsUnspecified() && !src.IsMulticast()
+	b := src.As16()
+	return b[0] != 0xff && b != [16]byte{}
 }
