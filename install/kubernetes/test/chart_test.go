@@ -749,12 +749,16 @@ func TestSchemaRejects(t *testing.T) {
 }
 
 // Settings that cannot work together fail with a message that says which
-// value to set.
+// value to set. A Secret must be named without tls.auto, or with it but an
+// xDS server other than the chart's (helm's CA would be one that server
+// does not trust).
 func TestTemplateRejects(t *testing.T) {
 	for _, c := range []struct{ values, want string }{
 		{"xdsControlPlane: {enabled: true, tlsSecretName: s}", "xdsControlPlane.serverAddress: required"},
 		{"xdsControlPlane: {enabled: true, serverAddress: 'x:1'}", "xdsControlPlane.tlsSecretName: required"},
+		{"xdsControlPlane: {enabled: true, serverAddress: 'x:1'}\ntls: {auto: {method: certmanager}}", "xdsControlPlane.tlsSecretName: required"},
 		{"controlPlane: {enabled: true}\ntls: {auto: {enabled: false}}", "controlPlane.tlsSecretName: required"},
+		{"xdsControlPlane: {enabled: true}\ncontrolPlane: {enabled: true, xdsResources: 'resource: {}'}\ntls: {auto: {enabled: false}}", "tlsSecretName: required"},
 	} {
 		t.Run(c.values, func(t *testing.T) {
 			vals, err := chartutil.ReadValues([]byte(c.values))

@@ -500,29 +500,6 @@ func TestTLSAutoCertManager(t *testing.T) {
 	}
 }
 
-// Without tls.auto, or with it but an xDS server other than the chart's
-// (helm's CA would be one that server does not trust), a Secret must be
-// named.
-func TestTLSAutoRejects(t *testing.T) {
-	for _, c := range []struct{ values, want string }{
-		{"controlPlane: {enabled: true}\ntls: {auto: {enabled: false}}", "controlPlane.tlsSecretName: required"},
-		{"xdsControlPlane: {enabled: true, serverAddress: 'x:1'}", "xdsControlPlane.tlsSecretName: required"},
-		{"xdsControlPlane: {enabled: true, serverAddress: 'x:1'}\ntls: {auto: {method: certmanager}}", "xdsControlPlane.tlsSecretName: required"},
-		{"xdsControlPlane: {enabled: true}\ncontrolPlane: {enabled: true, xdsResources: 'resource: {}'}\ntls: {auto: {enabled: false}}", "tlsSecretName: required"},
-	} {
-		t.Run(c.values, func(t *testing.T) {
-			vals, err := chartutil.ReadValues([]byte(c.values))
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = render(t, vals)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("error %v, want %q", err, c.want)
-			}
-		})
-	}
-}
-
 // The docs' trial values (Documentation/kubernetes.md, the kind tier's
 // install) render for a release of any name with tls.auto.method=helm's
 // certificates.
