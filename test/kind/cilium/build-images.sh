@@ -52,6 +52,27 @@ quiet() {
 	out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }
 }
 
+# The Debian root, by its own package list's hash, with the machine's mirror.
+# A lock, since --prepare may still be making it when the images are built.
+pkg_hash=$(echo "$PACKAGES" | sha256sum | cut -c1-12)
+rootfs=$build/cilium-rootfs-$pkg_hash
+rootfs_build() (
+	exec 8>"$build/cilium-rootfs.lock"
+	flock 8
+	[ -x "$rootfs/usr/bin/clang-19" ] && exit 0
+	rm -rf "$rootfs.tmp"
+	timed debootstrap nice -n 10 debootstrap --variant=minbase --include="$PACKAGES" \
+		bookworm "$rootfs.tmp" "$DEBIAN_MIRROR" >"$build/logs/cilium-debootstrap.log" 2>&1
+	rm -rf "$rootfs.tmp/var/cache/apt/archives/"*.deb "$rootfs.tmp/var/lib/apt/lists/"* "$rootfs.tmp/usr/share/doc" "$rootfs.tmp/usr/share/man"
+	mv "$rootfs.tmp" "$rootfs"
+)
+# --prepare: only the Debian root, which needs neither Docker nor Go and is
+# mostly a wait on the mirror (.ci/run starts it beside the first tiers).
+if [ "${1:-}" = --prepare ]; then
+	rootfs_build
+	exit 0
+fi
+
 cd "$repo/cilium"
 cilium_dir=$(go list -m -f '{{.Dir}}' github.com/cilium/cilium)
 cilium_version=$(go list -m -f '{{.Version}}' github.com/cilium/cilium)
@@ -106,17 +127,6 @@ if [ -f "$tarball" ]; then
 	exit 0
 fi
 
-# The Debian root, by its own package list's hash, with the machine's mirror.
-pkg_hash=$(echo "$PACKAGES" | sha256sum | cut -c1-12)
-rootfs=$build/cilium-rootfs-$pkg_hash
-rootfs_build() {
-	[ -x "$rootfs/usr/bin/clang-19" ] && return
-	rm -rf "$rootfs.tmp"
-	timed debootstrap nice -n 10 debootstrap --variant=minbase --include="$PACKAGES" \
-		bookworm "$rootfs.tmp" "$DEBIAN_MIRROR" >"$build/logs/cilium-debootstrap.log" 2>&1
-	rm -rf "$rootfs.tmp/var/cache/apt/archives/"*.deb "$rootfs.tmp/var/lib/apt/lists/"* "$rootfs.tmp/usr/share/doc" "$rootfs.tmp/usr/share/man"
-	mv "$rootfs.tmp" "$rootfs"
-}
 step "debootstrap (beside the Go builds)"
 rootfs_build >"$build/logs/cilium-rootfs.out" 2>&1 &
 rootfs_pid=$!
