@@ -74,7 +74,11 @@ if [ "${1:-}" = --prepare ]; then
 fi
 
 cd "$repo/cilium"
+# `go list -m` names no directory for a module not yet downloaded (a cold
+# machine that has not built the agent).
+go mod download github.com/cilium/cilium
 cilium_dir=$(go list -m -f '{{.Dir}}' github.com/cilium/cilium)
+[ -d "$cilium_dir" ] || { echo "build-images.sh: no directory for github.com/cilium/cilium (go list -m said \"$cilium_dir\")" >&2; exit 1; }
 cilium_version=$(go list -m -f '{{.Version}}' github.com/cilium/cilium)
 
 # Cilium's Makefile.defs: ciliumVersion is "VERSION GIT_VERSION" (the
