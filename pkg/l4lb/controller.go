@@ -363,6 +363,19 @@ func (c *Controller) forgetCluster(name string, cl cluster) {
 		}
 	}
 	delete(c.held, name)
+	c.shrinkHeld()
+}
+
+// shrinkHeld drops the emptied maps of the held clusters: a map keeps the
+// room of its largest size, and nearly every cluster of a first state was
+// held once.
+func (c *Controller) shrinkHeld() {
+	if len(c.held) == 0 {
+		c.held = map[string]time.Time{}
+	}
+	if len(c.reserved) == 0 {
+		c.reserved = map[loadbalancer.L3n4Addr]string{}
+	}
 }
 
 // writeHeld writes a held cluster's service and frontends with bes, in
@@ -380,6 +393,7 @@ func (c *Controller) writeHeld(txn SinkTxn, name string, bes []loadbalancer.Back
 		delete(c.reserved, fe.Address)
 	}
 	delete(c.held, name)
+	c.shrinkHeld()
 	cl.held = false
 	c.clusters[name] = cl
 	return nil
@@ -409,6 +423,7 @@ func (c *Controller) writeDue() {
 			// Held without a deadline: written with its next
 			// ClusterLoadAssignment or cluster update.
 			delete(c.held, name)
+			c.shrinkHeld()
 		}
 	}
 	txn.Commit()
