@@ -9,6 +9,7 @@ package l4xds
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/cilium/hive/cell"
 
@@ -29,12 +30,22 @@ var Cell = cell.Module(
 	cell.Decorate(
 		applyBlock,
 		xds.Cell,
+		cell.Provide(func() l4lb.NewClusterWait { return l4lb.NewClusterWait(NewClusterWait) }),
 		l4lb.Cell,
 		cell.Invoke(warnUnweighted),
 	),
 	cell.Invoke(logVersion),
 	cell.Provide(sink.New),
 )
+
+// NewClusterWait bounds how long a new cluster's service waits for its
+// endpoints. Cilium's reconciler programs a frontend once per change, and
+// each Maglev table it writes waits for an RCU grace period: a service
+// written on CDS and again on EDS would be programmed twice when the
+// reconciler reaches it in between. Its endpoints nearly always follow the
+// cluster within a second; a cluster without them is written without
+// backends after this.
+const NewClusterWait = 2 * time.Second
 
 // warnUnweighted says once at start-up when Cilium would ignore the xDS
 // weights: they take effect only with Maglev, which the sink asks for per

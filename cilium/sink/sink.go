@@ -57,6 +57,10 @@ func serviceName(svc *lb.Service) clb.ServiceName {
 	return clb.NewServiceNameInCluster(svc.Cluster, svc.Namespace, strings.TrimPrefix(string(svc.Name), prefix))
 }
 
+// maglev is every service's annotations, one map for all: Cilium's rows
+// are immutable (a reference field is cloned before it is changed).
+var maglev = map[string]string{annotation.ServiceLoadBalancingAlgorithm: clb.SVCLoadBalancingAlgorithmMaglev.String()}
+
 // New returns the sink that writes through Cilium's Writer.
 func New(w *writer.Writer, log *slog.Logger) l4lb.Sink {
 	return &Sink{w: w, log: log, services: map[lb.ServiceName]*service{}}
@@ -90,8 +94,10 @@ type Sink struct {
 type service struct {
 	// name is the service's name in Cilium's tables, known once it has
 	// been upserted.
-	name     clb.ServiceName
-	ports    []portName // one per (protocol, target port) of the frontends
+	name  clb.ServiceName
+	ports []portName // one per (protocol, target port) of the frontends
+	// backends are the controller's, not a copy: it never changes a
+	// slice it has passed.
 	backends []lb.BackendParams
 	reject   uint16 // the RejectWeight last written
 }
@@ -127,14 +133,14 @@ type txn struct {
 
 func (t *txn) Commit() { t.txn.Commit() }
 
-func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParams) error {
-	name := serviceName(svc)
+// frontends are svc's frontends in Cilium's terms, and their port names.
+func frontends(svc *lb.Service, name clb.ServiceName, fes []lb.FrontendParams) ([]clb.FrontendParams, []portName, error) {
 	var ports []portName
 	cfes := make([]clb.FrontendParams, 0, len(fes))
 	for _, fe := range fes {
 		proto, err := l4Type(fe.Address.Protocol)
 		if err != nil {
-			return fmt.Errorf("service %q: frontend %s: %w", svc.Name, fe.Address, err)
+			return nil, nil, fmt.Errorf("service %q: frontend %s: %w", svc.Name, fe.Address, err)
 		}
 		p := portName{proto, fe.ServicePort}
 		if !slices.Contains(ports, p) {
@@ -147,20 +153,46 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 			PortName:    clb.FEPortName(p.String()),
 		})
 	}
-	// Cilium's writer upserts the service before it finds a conflict in
-	// the frontends; check first so that a refused update changes nothing.
-	// The error is the standalone writer's, word for word.
+	return cfes, ports, nil
+}
+
+// checkFrontends finds a frontend owned by another service. The error is
+// the standalone writer's, word for word.
+func (t *txn) checkFrontends(name clb.ServiceName, cfes []clb.FrontendParams, fes []lb.FrontendParams) error {
 	for i, fe := range cfes {
 		if old, _, found := t.s.w.Frontends().Get(t.txn, clb.FrontendByAddress(fe.Address)); found && !old.ServiceName.Equal(name) {
 			return fmt.Errorf("frontend %s is owned by service %q: %w", fes[i].Address, owner(old.ServiceName), lb.ErrFrontendConflict)
 		}
+	}
+	return nil
+}
+
+func (t *txn) CheckFrontends(svc *lb.Service, fes ...lb.FrontendParams) error {
+	name := serviceName(svc)
+	cfes, _, err := frontends(svc, name, fes)
+	if err != nil {
+		return err
+	}
+	return t.checkFrontends(name, cfes, fes)
+}
+
+func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParams) error {
+	name := serviceName(svc)
+	cfes, ports, err := frontends(svc, name, fes)
+	if err != nil {
+		return err
+	}
+	// Cilium's writer upserts the service before it finds a conflict in
+	// the frontends; check first so that a refused update changes nothing.
+	if err := t.checkFrontends(name, cfes, fes); err != nil {
+		return err
 	}
 	csvc := &clb.Service{
 		Name:   name,
 		Source: Source,
 		// Weights take effect only with Maglev: ask for it per service
 		// (honoured with --bpf-lb-algorithm-annotation).
-		Annotations:            map[string]string{annotation.ServiceLoadBalancingAlgorithm: clb.SVCLoadBalancingAlgorithmMaglev.String()},
+		Annotations:            maglev,
 		ExtTrafficPolicy:       clb.SVCTrafficPolicyCluster,
 		IntTrafficPolicy:       clb.SVCTrafficPolicyCluster,
 		SessionAffinity:        svc.SessionAffinity,
@@ -217,7 +249,7 @@ func (t *txn) DeleteServiceAndFrontends(name lb.ServiceName) error {
 
 func (t *txn) SetBackends(name lb.ServiceName, bes ...lb.BackendParams) error {
 	st := t.s.state(name)
-	st.backends = slices.Clone(bes)
+	st.backends = bes
 	err := t.writeBackends(name, st)
 	t.s.forget(name, st)
 	return err
@@ -251,8 +283,11 @@ func (s *Sink) forget(name lb.ServiceName, st *service) {
 // Backends whose service has no frontends yet are kept until it has.
 func (t *txn) writeBackends(name lb.ServiceName, st *service) error {
 	active4, active6 := activePriority(st.backends, true), activePriority(st.backends, false)
-	var cbes []clb.Backend
-	for _, p := range st.ports {
+	cbes := make([]clb.Backend, 0, len(st.ports)*len(st.backends))
+	for k, p := range st.ports {
+		// One slice for the port's backends: rows are immutable, and an
+		// append to it (below) copies, its capacity being its length.
+		names := []string{p.String()}
 		for _, be := range st.backends {
 			port := be.Address.Port
 			if p.target != 0 {
@@ -274,7 +309,7 @@ func (t *txn) writeBackends(name lb.ServiceName, st *service) error {
 			}
 			cbe := clb.Backend{
 				Address:   clb.NewL3n4Addr(p.proto, cmtypes.AddrClusterFrom(be.Address.Addr, 0), port, clb.ScopeExternal),
-				PortNames: []string{p.String()},
+				PortNames: names,
 				Weight:    be.Weight,
 				State:     state,
 				NodeName:  be.NodeName,
@@ -284,9 +319,12 @@ func (t *txn) writeBackends(name lb.ServiceName, st *service) error {
 			}
 			// Two port names may give a backend the same address: one row
 			// that carries both names.
-			if i := slices.IndexFunc(cbes, func(o clb.Backend) bool { return o.Address == cbe.Address }); i >= 0 {
-				cbes[i].PortNames = append(cbes[i].PortNames, p.String())
-				continue
+			// (Only past the first port name: a CLA lists an address once.)
+			if k > 0 {
+				if i := slices.IndexFunc(cbes, func(o clb.Backend) bool { return o.Address == cbe.Address }); i >= 0 {
+					cbes[i].PortNames = append(cbes[i].PortNames, p.String())
+					continue
+				}
 			}
 			cbes = append(cbes, cbe)
 		}

@@ -4,6 +4,8 @@ package l4lb
 
 import (
 	"context"
+	"log/slog"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -23,14 +25,24 @@ var Cell = cell.Module(
 	cell.Invoke(func(*Controller) {}),
 )
 
+// NewClusterWait, when provided, is how long a new EDS cluster waits for
+// its first ClusterLoadAssignment before its service is written without
+// backends (Controller.SetNewClusterWait). Inside Cilium, where each
+// frontend programmed costs an RCU grace period, the cell provides it;
+// the standalone agent writes at once.
+type NewClusterWait time.Duration
+
 type controllerParams struct {
 	cell.In
 
-	Config Config
-	Sink   Sink
-	Client *xds.Client
-	Jobs   job.Registry
-	Health cell.Health
+	Config    Config
+	Sink      Sink
+	Client    *xds.Client
+	Jobs      job.Registry
+	Health    cell.Health
+	Lifecycle cell.Lifecycle
+	Log       *slog.Logger
+	Wait      NewClusterWait `optional:"true"`
 }
 
 // newController watches every cluster (wildcard CDS) and the EDS names the
@@ -40,6 +52,10 @@ func newCellController(p controllerParams) (*Controller, error) {
 	c, err := NewControllerWith(p.Config, p.Sink, p.Client)
 	if err != nil {
 		return nil, err
+	}
+	if p.Wait > 0 {
+		c.SetNewClusterWait(time.Duration(p.Wait), p.Log)
+		p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { c.Stop(); return nil }})
 	}
 	p.Client.Watch(xds.ClusterType, true, c.ClusterHandler())
 	p.Client.Watch(xds.EndpointType, false, c.EndpointHandler())

@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -35,10 +37,19 @@ const InitializerName = "l4lb-xds"
 // once the first CDS update has been applied and every ClusterLoadAssignment
 // it asks for has had an update, or was found not to exist. Until then a
 // restarted agent keeps forwarding with its previous state.
+//
+// With a wait for new clusters (SetNewClusterWait; inside Cilium), a new EDS
+// cluster whose ClusterLoadAssignment is not known yet is accepted (checked
+// for conflicts, its VIPs reserved) but written only when that
+// ClusterLoadAssignment arrives, is rejected or is found not to exist, in the
+// same transaction as its backends, or without backends once the wait has
+// passed: its frontends are programmed once, with their backends. Only new
+// VIPs wait; nothing already written changes later than before.
 type Controller struct {
 	sink  Sink
 	names NameSetter
 	tr    *Translator
+	log   *slog.Logger
 
 	mu sync.Mutex
 	// clusters are the accepted l4lb clusters, by cluster name.
@@ -61,6 +72,17 @@ type Controller struct {
 	sawCDS  bool
 	sawEDS  map[string]struct{}
 	pending int // requested names not in sawEDS
+
+	// wait is how long a new EDS cluster is held for its first
+	// ClusterLoadAssignment; 0 writes it at once.
+	wait time.Duration
+	// held are the clusters accepted but not written yet, with the time
+	// they are written without backends; reserved are their frontends'
+	// addresses, so that no other cluster takes them meanwhile.
+	held     map[string]time.Time
+	reserved map[loadbalancer.L3n4Addr]string
+	timer    *time.Timer
+	stopped  bool
 }
 
 // cluster is what the controller remembers of an accepted cluster.
@@ -71,6 +93,8 @@ type cluster struct {
 	// change of its name fails.
 	svc *loadbalancer.Service
 	fes []loadbalancer.FrontendParams
+	// held: accepted, not written yet (Controller.held).
+	held bool
 }
 
 // ErrServiceConflict: the service is named by another cluster.
@@ -103,6 +127,32 @@ func newController(tr *Translator, sink Sink, names NameSetter) *Controller {
 		clas:     map[string][]loadbalancer.BackendParams{},
 		done:     sink.RegisterInitializer(InitializerName),
 		sawEDS:   map[string]struct{}{},
+		log:      slog.New(slog.DiscardHandler),
+		held:     map[string]time.Time{},
+		reserved: map[loadbalancer.L3n4Addr]string{},
+	}
+}
+
+// SetNewClusterWait makes a new EDS cluster wait up to d for its first
+// ClusterLoadAssignment before its service is written (see Controller);
+// log says when a held service cannot be written. Set before the first
+// update.
+func (c *Controller) SetNewClusterWait(d time.Duration, log *slog.Logger) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.wait = d
+	if log != nil {
+		c.log = log
+	}
+}
+
+// Stop ends the wait of held clusters: nothing is written after it.
+func (c *Controller) Stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	if c.timer != nil {
+		c.timer.Stop()
 	}
 }
 
@@ -192,6 +242,32 @@ func (c *Controller) upsertCluster(txn SinkTxn, r xds.Resource) error {
 	if owner, ok := c.owners[name]; ok && owner != r.Name {
 		return fmt.Errorf("cluster %q: service %q is already named by cluster %q: %w", r.Name, name, owner, ErrServiceConflict)
 	}
+	for _, fe := range spec.Frontends {
+		// Reserved by a held cluster: the same conflict as once written.
+		if owner, ok := c.reserved[fe.Address]; ok && owner != r.Name {
+			return fmt.Errorf("cluster %q: frontend %s is owned by service %q: %w", r.Name, fe.Address, c.clusters[owner].svc.Name, loadbalancer.ErrFrontendConflict)
+		}
+	}
+	// A held cluster has written nothing: it is new again.
+	wasHeld := had && prev.held
+	if wasHeld {
+		had = false
+	}
+	if c.holds(r.Name, spec, had) {
+		if err := txn.CheckFrontends(spec.Service, spec.Frontends...); err != nil {
+			return fmt.Errorf("cluster %q: %w", r.Name, err)
+		}
+		// An update keeps the deadline: the wait stays bounded.
+		until := c.held[r.Name]
+		if wasHeld {
+			c.forgetCluster(r.Name, prev)
+		}
+		if until.IsZero() {
+			until = time.Now().Add(c.wait)
+		}
+		c.addCluster(r.Name, cluster{eds: spec.EDSName, svc: spec.Service, fes: spec.Frontends, held: true}, until)
+		return nil
+	}
 	renamed := had && prev.svc.Name != name
 	if renamed {
 		// Frees the VIPs the service keeps under its new name; the
@@ -233,21 +309,137 @@ func (c *Controller) upsertCluster(txn SinkTxn, r xds.Resource) error {
 		return fmt.Errorf("cluster %q: %w", r.Name, err)
 	}
 
-	if had {
-		c.removeUser(prev.eds, r.Name)
-		delete(c.owners, prev.svc.Name)
+	if had || wasHeld {
+		c.forgetCluster(r.Name, prev)
 	}
-	if spec.EDSName != "" {
-		c.users[spec.EDSName] = append(c.users[spec.EDSName], r.Name)
-	}
-	c.clusters[r.Name] = cluster{eds: spec.EDSName, svc: spec.Service, fes: spec.Frontends}
-	c.owners[name] = r.Name
+	c.addCluster(r.Name, cluster{eds: spec.EDSName, svc: spec.Service, fes: spec.Frontends}, time.Time{})
 	return nil
+}
+
+// holds says whether a cluster that has written nothing waits for its
+// first ClusterLoadAssignment: one of an EDS name that no other cluster
+// asked for, so that its answer is on its way. (Another's name has had its
+// answer, or has it at once for every user.)
+func (c *Controller) holds(name string, spec *ServiceSpec, had bool) bool {
+	if c.wait <= 0 || had || spec.EDSName == "" {
+		return false
+	}
+	if _, known := c.clas[spec.EDSName]; known {
+		return false
+	}
+	return !slices.ContainsFunc(c.users[spec.EDSName], func(u string) bool { return u != name })
+}
+
+// addCluster records an accepted cluster; a held one reserves its
+// frontends until it is written, at the latest at until.
+func (c *Controller) addCluster(name string, cl cluster, until time.Time) {
+	if cl.eds != "" {
+		c.users[cl.eds] = append(c.users[cl.eds], name)
+	}
+	c.clusters[name] = cl
+	c.owners[cl.svc.Name] = name
+	if !cl.held {
+		return
+	}
+	for _, fe := range cl.fes {
+		c.reserved[fe.Address] = name
+	}
+	c.held[name] = until
+	if c.timer == nil && !c.stopped {
+		c.timer = time.AfterFunc(time.Until(until), c.writeDue)
+	}
+}
+
+// forgetCluster undoes addCluster's bookkeeping of cl (not its rows).
+func (c *Controller) forgetCluster(name string, cl cluster) {
+	c.removeUser(cl.eds, name)
+	delete(c.owners, cl.svc.Name)
+	if !cl.held {
+		return
+	}
+	for _, fe := range cl.fes {
+		if c.reserved[fe.Address] == name {
+			delete(c.reserved, fe.Address)
+		}
+	}
+	delete(c.held, name)
+	c.shrinkHeld()
+}
+
+// shrinkHeld drops the emptied maps of the held clusters: a map keeps the
+// room of its largest size, and nearly every cluster of a first state was
+// held once.
+func (c *Controller) shrinkHeld() {
+	if len(c.held) == 0 {
+		c.held = map[string]time.Time{}
+	}
+	if len(c.reserved) == 0 {
+		c.reserved = map[loadbalancer.L3n4Addr]string{}
+	}
+}
+
+// writeHeld writes a held cluster's service and frontends with bes, in
+// one transaction: the datapath programs them once. On failure (another
+// source took a VIP meanwhile) it stays held.
+func (c *Controller) writeHeld(txn SinkTxn, name string, bes []loadbalancer.BackendParams) error {
+	cl := c.clusters[name]
+	if err := txn.UpsertServiceAndFrontends(cl.svc, cl.fes...); err != nil {
+		return fmt.Errorf("cluster %q: %w", name, err)
+	}
+	if err := txn.SetBackends(cl.svc.Name, bes...); err != nil {
+		return fmt.Errorf("cluster %q: %w", name, err)
+	}
+	for _, fe := range cl.fes {
+		delete(c.reserved, fe.Address)
+	}
+	delete(c.held, name)
+	c.shrinkHeld()
+	cl.held = false
+	c.clusters[name] = cl
+	return nil
+}
+
+// writeDue writes, without backends, the held clusters whose wait has
+// passed, and waits for the next one.
+func (c *Controller) writeDue() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.timer = nil
+	if c.stopped || len(c.held) == 0 {
+		return
+	}
+	now := time.Now()
+	var next time.Time
+	txn := c.sink.WriteTxn()
+	for name, until := range c.held {
+		if until.After(now) {
+			if next.IsZero() || until.Before(next) {
+				next = until
+			}
+			continue
+		}
+		if err := c.writeHeld(txn, name, c.clas[c.clusters[name].eds]); err != nil {
+			c.log.Warn("xDS cluster held for its endpoints cannot be written: retried with its next update", "cluster", name, "error", err)
+			// Held without a deadline: written with its next
+			// ClusterLoadAssignment or cluster update.
+			delete(c.held, name)
+			c.shrinkHeld()
+		}
+	}
+	txn.Commit()
+	if !next.IsZero() {
+		c.timer = time.AfterFunc(next.Sub(now), c.writeDue)
+	}
 }
 
 func (c *Controller) deleteCluster(txn SinkTxn, name string) error {
 	cl, had := c.clusters[name]
 	if !had {
+		return nil
+	}
+	if cl.held {
+		c.forgetCluster(name, cl)
+		delete(c.clusters, name)
 		return nil
 	}
 	svc := cl.svc.Name
@@ -257,9 +449,8 @@ func (c *Controller) deleteCluster(txn SinkTxn, name string) error {
 	if err := txn.SetBackends(svc); err != nil {
 		return fmt.Errorf("cluster %q: %w", name, err)
 	}
-	c.removeUser(cl.eds, name)
+	c.forgetCluster(name, cl)
 	delete(c.clusters, name)
-	delete(c.owners, svc)
 	return nil
 }
 
@@ -348,29 +539,60 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 }
 
 func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
-	cla, ok := r.Message.(*endpointv3.ClusterLoadAssignment)
-	if !ok {
-		return fmt.Errorf("cluster_load_assignment %q: message is a %T, not a ClusterLoadAssignment", r.Name, r.Message)
-	}
-	if cla.GetClusterName() != r.Name {
-		return &Error{Kind: "cluster_load_assignment", Name: r.Name, Field: "cluster_name", Err: fmt.Errorf("%q differs from the resource name", cla.GetClusterName())}
-	}
-	bes, err := c.tr.Endpoints(cla)
+	bes, err := c.endpoints(r)
 	if err != nil {
+		// Answered, if badly: a held cluster waits no longer.
+		if werr := c.writeHeldUsers(txn, r.Name); werr != nil {
+			return errors.Join(err, werr)
+		}
 		return err
 	}
 	c.clas[r.Name] = bes
 	return c.setBackends(txn, r.Name, bes)
 }
 
-// setBackends gives bes to every cluster of the EDS name.
+// endpoints translates a ClusterLoadAssignment.
+func (c *Controller) endpoints(r xds.Resource) ([]loadbalancer.BackendParams, error) {
+	cla, ok := r.Message.(*endpointv3.ClusterLoadAssignment)
+	if !ok {
+		return nil, fmt.Errorf("cluster_load_assignment %q: message is a %T, not a ClusterLoadAssignment", r.Name, r.Message)
+	}
+	if cla.GetClusterName() != r.Name {
+		return nil, &Error{Kind: "cluster_load_assignment", Name: r.Name, Field: "cluster_name", Err: fmt.Errorf("%q differs from the resource name", cla.GetClusterName())}
+	}
+	return c.tr.Endpoints(cla)
+}
+
+// setBackends gives bes to every cluster of the EDS name, writing the held
+// ones with them.
 func (c *Controller) setBackends(txn SinkTxn, edsName string, bes []loadbalancer.BackendParams) error {
+	var errs []error
 	for _, name := range c.users[edsName] {
+		if c.clusters[name].held {
+			if err := c.writeHeld(txn, name, bes); err != nil {
+				errs = append(errs, fmt.Errorf("cluster_load_assignment %q: %w", edsName, err))
+			}
+			continue
+		}
 		if err := txn.SetBackends(c.clusters[name].svc.Name, bes...); err != nil {
 			return fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, name, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// writeHeldUsers writes the held clusters of the EDS name with the backends
+// known for it (none after a first rejected update).
+func (c *Controller) writeHeldUsers(txn SinkTxn, edsName string) error {
+	var errs []error
+	for _, name := range c.users[edsName] {
+		if c.clusters[name].held {
+			if err := c.writeHeld(txn, name, c.clas[edsName]); err != nil {
+				errs = append(errs, fmt.Errorf("cluster_load_assignment %q: %w", edsName, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (c *Controller) sawEndpoints(name string) {

@@ -26,6 +26,9 @@ type Sink interface {
 // loadbalancer.ErrFrontendConflict and leaves the service as it was.
 type SinkTxn interface {
 	UpsertServiceAndFrontends(svc *loadbalancer.Service, fes ...loadbalancer.FrontendParams) error
+	// CheckFrontends returns the error UpsertServiceAndFrontends would
+	// return for a frontend owned by another service, and writes nothing.
+	CheckFrontends(svc *loadbalancer.Service, fes ...loadbalancer.FrontendParams) error
 	// DeleteServiceAndFrontends deletes a service that exists.
 	DeleteServiceAndFrontends(name loadbalancer.ServiceName) error
 	// SetBackends replaces the service's xDS backends; none deletes them.
@@ -55,6 +58,10 @@ type tablesTxn struct {
 
 func (t tablesTxn) UpsertServiceAndFrontends(svc *loadbalancer.Service, fes ...loadbalancer.FrontendParams) error {
 	return t.w.UpsertServiceAndFrontends(t.txn, svc, fes...)
+}
+
+func (t tablesTxn) CheckFrontends(svc *loadbalancer.Service, fes ...loadbalancer.FrontendParams) error {
+	return t.w.CheckFrontends(t.txn, svc.Name, fes...)
 }
 
 func (t tablesTxn) DeleteServiceAndFrontends(name loadbalancer.ServiceName) error {

@@ -168,6 +168,18 @@ func (w *Writer) UpsertServiceAndFrontends(txn WriteTxn, svc *Service, fes ...Fr
 	return nil
 }
 
+// CheckFrontends returns the conflict UpsertServiceAndFrontends would
+// return for fes as frontends of the service name, and writes nothing.
+func (w *Writer) CheckFrontends(txn statedb.ReadTxn, name ServiceName, fes ...FrontendParams) error {
+	for _, fe := range fes {
+		old, _, found := w.frontends.Get(txn, FrontendByAddress.Query(fe.Address))
+		if found && old.ServiceName != name {
+			return fmt.Errorf("frontend %s is owned by service %q: %w", fe.Address, old.ServiceName, ErrFrontendConflict)
+		}
+	}
+	return nil
+}
+
 // DeleteServiceAndFrontends deletes the service and its frontends. Its
 // backends stay: they belong to their source, which deletes them with
 // SetBackends or DeleteBackendsBySource.

@@ -50,7 +50,12 @@ import (
 // side and the control plane's (another process) on the xDS side, where the
 // agent decodes protobuf instead. L4XDS_VERSUS_FILE_SHAPES (e.g.
 // "10000x1,1000x100", the default) and L4XDS_VERSUS_FILE_ROUNDS (3) change
-// the runs.
+// the runs. L4XDS_VERSUS_FILE_PROFILES=<dir> writes, per run, the agent's
+// CPU profile of the first L4XDS_VERSUS_FILE_CPU_SECONDS (30) of the timed
+// window and its heap profiles before and after
+// (<side>-<shape>-<run>.cpu.pprof, .heap0.pprof, .heap.pprof: `go tool
+// pprof -diff_base` of the two is the input's), and prints the count of Cilium's frontend reconciliations
+// (`BENCH versus-cilium-file-reconciler` lines).
 func BenchmarkVersusCiliumFile(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root: runs cilium-agent in network namespaces")
@@ -67,11 +72,12 @@ func BenchmarkVersusCiliumFile(b *testing.B) {
 	for range b.N {
 		for _, sh := range shapes {
 			var figures [2][]fileRun
-			side := func(i int, name string, run func(*testing.B, benchShape) fileRun) versus.Side {
+			side := func(i int, name string, run func(*testing.B, benchShape, string) fileRun) versus.Side {
 				return func(context.Context) (versus.Figures, error) {
 					var f fileRun
-					ok := b.Run(fmt.Sprintf("%s/%s/%d", sh, name, len(figures[i])), func(b *testing.B) {
-						f = run(b, sh)
+					k := len(figures[i])
+					ok := b.Run(fmt.Sprintf("%s/%s/%d", sh, name, k), func(b *testing.B) {
+						f = run(b, sh, fmt.Sprintf("%s-%s-%d", name, sh, k))
 						fmt.Println(f.line(name, sh))
 					})
 					if !ok {
@@ -82,8 +88,8 @@ func BenchmarkVersusCiliumFile(b *testing.B) {
 				}
 			}
 			if _, err := versus.Alternate(context.Background(), rounds,
-				side(0, "xds", func(b *testing.B, sh benchShape) fileRun { return runXDSSide(b, bin, cp, sh) }),
-				side(1, "file", func(b *testing.B, sh benchShape) fileRun { return runFileSide(b, bin, sh) }),
+				side(0, "xds", func(b *testing.B, sh benchShape, id string) fileRun { return runXDSSide(b, bin, cp, sh, id) }),
+				side(1, "file", func(b *testing.B, sh benchShape, id string) fileRun { return runFileSide(b, bin, sh, id) }),
 			); err != nil {
 				b.Fatal(err)
 			}
@@ -171,12 +177,12 @@ func ipv4(a uint32) string { return fmt.Sprintf("%d.%d.%d.%d", a>>24, a>>16&255,
 // annotation (a small table: the sources are measured, not Maglev), LB maps
 // large enough for the shape, and the pprof endpoint the heap is read from.
 func commonFlags(sh benchShape) []string {
-	return []string{
+	return append([]string{
 		"--bpf-lb-algorithm-annotation=true",
 		"--bpf-lb-maglev-table-size=1021",
 		"--bpf-lb-map-max=" + strconv.Itoa(2*sh.N*(sh.M+1)+1024),
 		"--pprof=true", "--pprof-address=127.0.0.1", "--pprof-port=6060",
-	}
+	}, profileFlags()...)
 }
 
 // stateFileJSON is Cilium's --lb-state-file input for the shape.
@@ -245,7 +251,7 @@ func replace(tb testing.TB, path string, content []byte) {
 	}
 }
 
-func runFileSide(b *testing.B, bin string, sh benchShape) fileRun {
+func runFileSide(b *testing.B, bin string, sh benchShape, id string) fileRun {
 	dir := b.TempDir()
 	state := filepath.Join(dir, "state.json")
 	replace(b, state, []byte(`{"services":[],"endpoints":[]}`))
@@ -258,12 +264,12 @@ func runFileSide(b *testing.B, bin string, sh benchShape) fileRun {
 		out := env.AgentOutput()
 		return strings.Contains(out, "Synchronized from local state"), ""
 	})
-	return measure(b, env, sh, func() { replace(b, state, input) })
+	return measure(b, env, sh, id, func() { replace(b, state, input) })
 }
 
 var clusterSynced = regexp.MustCompile(`(?m)^Cluster\s+true\s*$`)
 
-func runXDSSide(b *testing.B, bin, cp string, sh benchShape) fileRun {
+func runXDSSide(b *testing.B, bin, cp string, sh benchShape, id string) fileRun {
 	dir := b.TempDir()
 	certs := filepath.Join(dir, "certs")
 	if out, err := exec.Command(cp, "certs", "--out", certs).CombinedOutput(); err != nil {
@@ -296,16 +302,17 @@ func runXDSSide(b *testing.B, bin, cp string, sh benchShape) fileRun {
 		out, err := env.Shell("db/show", "xds-status", "--columns=Type,Synced")
 		return err == nil && clusterSynced.MatchString(out), out
 	})
-	return measure(b, env, sh, func() { replace(b, resources, input) })
+	return measure(b, env, sh, id, func() { replace(b, resources, input) })
 }
 
 // measure reads the agent's heap, puts the input in place, and waits until
 // every frontend is Done with its backends.
-func measure(b *testing.B, env *agenttest.Env, sh benchShape, put func()) fileRun {
+func measure(b *testing.B, env *agenttest.Env, sh benchShape, id string, put func()) fileRun {
 	pid := env.AgentPID()
 	var f fileRun
 	f.heapBefore = agentHeapInuse(b, env)
 	cpu := processCPU(b, pid)
+	prof := startProfiles(b, env, id)
 	start := time.Now()
 	put()
 	waitFor(b, fmt.Sprintf("%s frontends Done with %d backends each", sh, sh.M), 10*time.Minute, func() (bool, string) {
@@ -326,6 +333,7 @@ func measure(b *testing.B, env *agenttest.Env, sh benchShape, put func()) fileRu
 	f.elapsed = time.Since(start)
 	f.cpu = processCPU(b, pid) - cpu
 	f.heapAfter = agentHeapInuse(b, env)
+	prof(sh)
 	return f
 }
 
@@ -359,6 +367,72 @@ func doneFrontends(table string, m int) (int, error) {
 		}
 	}
 	return done, sc.Err()
+}
+
+// profileFlags are the agent's flags for L4XDS_VERSUS_FILE_PROFILES: the
+// reconcilers' metrics, which Cilium leaves off by default.
+func profileFlags() []string {
+	if os.Getenv("L4XDS_VERSUS_FILE_PROFILES") == "" {
+		return nil
+	}
+	return []string{"--metrics=+cilium_reconciler_count,+cilium_reconciler_duration_seconds"}
+}
+
+// startProfiles starts the CPU profile of L4XDS_VERSUS_FILE_PROFILES; the
+// function it returns waits for it, writes the heap profile and prints the
+// reconciler's figures.
+func startProfiles(tb testing.TB, env *agenttest.Env, id string) func(benchShape) {
+	dir := os.Getenv("L4XDS_VERSUS_FILE_PROFILES")
+	if dir == "" {
+		return func(benchShape) {}
+	}
+	secs := 30
+	if v := os.Getenv("L4XDS_VERSUS_FILE_CPU_SECONDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			tb.Fatalf("L4XDS_VERSUS_FILE_CPU_SECONDS=%q: want a positive number", v)
+		}
+		secs = n
+	}
+	if err := fetchPprof(env, "/debug/pprof/heap?gc=1", filepath.Join(dir, id+".heap0.pprof")); err != nil {
+		tb.Error(err)
+	}
+	cpuDone := make(chan error, 1)
+	go func() {
+		cpuDone <- fetchPprof(env, fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), filepath.Join(dir, id+".cpu.pprof"))
+	}()
+	return func(sh benchShape) {
+		if err := <-cpuDone; err != nil {
+			tb.Error(err)
+		}
+		if err := fetchPprof(env, "/debug/pprof/heap?gc=1", filepath.Join(dir, id+".heap.pprof")); err != nil {
+			tb.Error(err)
+		}
+		out, err := env.Shell("metrics", "reconciler")
+		if err != nil {
+			tb.Errorf("the agent's reconciler metrics: %v", err)
+		}
+		fmt.Printf("BENCH versus-cilium-file-reconciler id=%s shape=%s\n%s\n", id, sh, out)
+	}
+}
+
+// fetchPprof writes the agent's pprof endpoint path to file.
+func fetchPprof(env *agenttest.Env, path, file string) error {
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return netns.Dial(ctx, env.Node, network, addr)
+		},
+	}}
+	resp, err := client.Get("http://127.0.0.1:6060" + path)
+	if err != nil {
+		return fmt.Errorf("the agent's %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("the agent's %s: %s %v", path, resp.Status, err)
+	}
+	return os.WriteFile(file, body, 0o644)
 }
 
 // agentHeapInuse is the agent's HeapInuse after a GC, from its pprof

@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package l4lb
+
+import (
+	"testing"
+	"time"
+
+	"github.com/l4xds/l4xds/pkg/loadbalancer"
+)
+
+// holdingFixture is a fixture whose controller holds new EDS clusters for
+// their endpoints; the wait passes only when the test says (due).
+func holdingFixture(t *testing.T) *fixture {
+	f := newFixture(t)
+	f.ctrl.SetNewClusterWait(time.Hour, nil)
+	t.Cleanup(f.ctrl.Stop)
+	return f
+}
+
+// due makes every held cluster's wait pass.
+func (f *fixture) due() {
+	f.ctrl.mu.Lock()
+	for name := range f.ctrl.held {
+		f.ctrl.held[name] = time.Time{}
+	}
+	f.ctrl.mu.Unlock()
+	f.ctrl.writeDue()
+}
+
+func TestControllerHoldsNewClusters(t *testing.T) {
+	f := holdingFixture(t)
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 3306}`, "")))
+	f.expectNames("a")
+	f.expect(``)
+
+	// Its VIP is reserved: another cluster's claim is the conflict it
+	// would be once written.
+	rejectedWith(t, f.cds(nil, edsCluster("b", `{vip: 10.1.2.3, port: 3306}`, "")), map[string]string{
+		"b": `cluster "b": frontend 10.1.2.3:3306/TCP is owned by service "a": frontend already owned by another service`,
+	})
+
+	// Its endpoints come: service, frontend and backends in one transaction.
+	noRejections(t, f.eds(nil, claOf("a", ep("10.0.0.1", 3306, ""))))
+	if !f.initialized() {
+		t.Fatal("not initialized once the held cluster's CLA came")
+	}
+	f.expect(`
+		service a source=xds
+		frontend 10.1.2.3:3306/TCP a -> [10.0.0.1:3306]
+		backend a 10.0.0.1:3306 weight=1 active
+	`)
+
+	// Written, it is updated at once as before: a new VIP is not held.
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.4, port: 3306}`, "")))
+	f.expect(`
+		service a source=xds
+		frontend 10.1.2.4:3306/TCP a -> [10.0.0.1:3306]
+		backend a 10.0.0.1:3306 weight=1 active
+	`)
+}
+
+func TestControllerHeldClusterWithoutEndpoints(t *testing.T) {
+	f := holdingFixture(t)
+	noRejections(t, f.cds(nil,
+		edsCluster("gone", `{vip: 10.1.2.1, port: 80}`, ""),
+		edsCluster("bad", `{vip: 10.1.2.2, port: 80}`, ""),
+		edsCluster("late", `{vip: 10.1.2.3, port: 80}`, ""),
+	))
+	f.expect(``)
+
+	// Found not to exist, or rejected: written without backends.
+	noRejections(t, f.eds([]string{"gone"}))
+	if len(f.eds(nil, claOf("bad", ep("10.0.0.1", 0, "")))) != 1 {
+		t.Fatal("the bad CLA was not rejected")
+	}
+	f.expect(`
+		service bad source=xds
+		service gone source=xds
+		frontend 10.1.2.1:80/TCP gone -> []
+		frontend 10.1.2.2:80/TCP bad -> []
+	`)
+
+	// No answer: written without backends once the wait has passed; the
+	// endpoints follow when they come.
+	f.due()
+	f.expect(`
+		service bad source=xds
+		service gone source=xds
+		service late source=xds
+		frontend 10.1.2.1:80/TCP gone -> []
+		frontend 10.1.2.2:80/TCP bad -> []
+		frontend 10.1.2.3:80/TCP late -> []
+	`)
+	noRejections(t, f.eds(nil, claOf("late", ep("10.0.0.3", 80, ""))))
+	f.expect(`
+		service bad source=xds
+		service gone source=xds
+		service late source=xds
+		frontend 10.1.2.1:80/TCP gone -> []
+		frontend 10.1.2.2:80/TCP bad -> []
+		frontend 10.1.2.3:80/TCP late -> [10.0.0.3:80]
+		backend late 10.0.0.3:80 weight=1 active
+	`)
+}
+
+func TestControllerHeldClusterChanges(t *testing.T) {
+	f := holdingFixture(t)
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 80}`, "")))
+
+	// Updated while held: still held, under its new VIP, which frees the
+	// old one.
+	noRejections(t, f.cds(nil,
+		edsCluster("a", `{vip: 10.1.2.4, port: 80}`, ""),
+		edsCluster("b", `{vip: 10.1.2.3, port: 80}`, ""),
+	))
+	f.expect(``)
+
+	// Removed while held: nothing was written, nothing is deleted, and its
+	// VIP is free.
+	noRejections(t, f.cds([]string{"a"}, edsCluster("c", `{vip: 10.1.2.4, port: 80}`, "")))
+	f.expectNames("b", "c")
+
+	// Not held: a STATIC cluster, and one whose EDS name another cluster
+	// already asked for.
+	noRejections(t, f.cds(nil,
+		`
+name: s
+type: STATIC
+metadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.5, port: 80}}}
+load_assignment: {cluster_name: s, endpoints: [{lb_endpoints: [`+ep("10.0.0.5", 80, "")+`]}]}
+`,
+		edsCluster("d", `{vip: 10.1.2.6, port: 80}`, "b"),
+	))
+	f.expect(`
+		service d source=xds
+		service s source=xds
+		frontend 10.1.2.5:80/TCP s -> [10.0.0.5:80]
+		frontend 10.1.2.6:80/TCP d -> []
+		backend s 10.0.0.5:80 weight=1 active
+	`)
+	noRejections(t, f.eds(nil, claOf("b", ep("10.0.0.2", 80, "")), claOf("c", ep("10.0.0.3", 80, ""))))
+	f.expect(`
+		service b source=xds
+		service c source=xds
+		service d source=xds
+		service s source=xds
+		frontend 10.1.2.3:80/TCP b -> [10.0.0.2:80]
+		frontend 10.1.2.4:80/TCP c -> [10.0.0.3:80]
+		frontend 10.1.2.5:80/TCP s -> [10.0.0.5:80]
+		frontend 10.1.2.6:80/TCP d -> [10.0.0.2:80]
+		backend b 10.0.0.2:80 weight=1 active
+		backend c 10.0.0.3:80 weight=1 active
+		backend d 10.0.0.2:80 weight=1 active
+		backend s 10.0.0.5:80 weight=1 active
+	`)
+}
+
+// Another source takes a held cluster's VIP: the CLA that would write it
+// is refused, naming both, and the cluster waits for its next one.
+func TestControllerHeldClusterLosesVIP(t *testing.T) {
+	f := holdingFixture(t)
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 80}`, "")))
+	other := &loadbalancer.Service{Name: "other", Source: "k8s"}
+	txn := f.w.WriteTxn()
+	if err := f.w.UpsertServiceAndFrontends(txn, other, loadbalancer.FrontendParams{Address: f.ctrl.clusters["a"].fes[0].Address}); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+
+	rejectedWith(t, f.eds(nil, claOf("a", ep("10.0.0.1", 80, ""))), map[string]string{
+		"a": `cluster_load_assignment "a": cluster "a": frontend 10.1.2.3:80/TCP is owned by service "other": frontend already owned by another service`,
+	})
+	f.due() // stays held, without a deadline
+	f.expect(`
+		service other source=k8s
+		frontend 10.1.2.3:80/TCP other -> []
+	`)
+
+	txn = f.w.WriteTxn()
+	if _, err := f.w.DeleteServiceAndFrontends(txn, "other"); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	noRejections(t, f.eds(nil, claOf("a", ep("10.0.0.2", 80, ""))))
+	f.expect(`
+		service a source=xds
+		frontend 10.1.2.3:80/TCP a -> [10.0.0.2:80]
+		backend a 10.0.0.2:80 weight=1 active
+	`)
+}
