@@ -81,8 +81,13 @@ type Controller struct {
 	// addresses, so that no other cluster takes them meanwhile.
 	held     map[string]time.Time
 	reserved map[loadbalancer.L3n4Addr]string
-	timer    *time.Timer
-	stopped  bool
+	// blocked are the held clusters whose wait passed while another
+	// source owned a VIP of theirs: tried again with every update, as
+	// the xDS client offers a rejected resource again, since their own
+	// next update may never come.
+	blocked map[string]struct{}
+	timer   *time.Timer
+	stopped bool
 }
 
 // cluster is what the controller remembers of an accepted cluster.
@@ -130,6 +135,7 @@ func newController(tr *Translator, sink Sink, names NameSetter) *Controller {
 		log:      slog.New(slog.DiscardHandler),
 		held:     map[string]time.Time{},
 		reserved: map[loadbalancer.L3n4Addr]string{},
+		blocked:  map[string]struct{}{},
 	}
 }
 
@@ -207,6 +213,7 @@ func (c *Controller) HandleClusters(_ context.Context, u xds.Update) map[string]
 		}
 		conflicts = remaining
 	}
+	c.retryBlocked(txn)
 	c.sawCDS = true
 	c.updateNames()
 	c.maybeInitialized(txn)
@@ -363,6 +370,7 @@ func (c *Controller) forgetCluster(name string, cl cluster) {
 		}
 	}
 	delete(c.held, name)
+	delete(c.blocked, name)
 	c.shrinkHeld()
 }
 
@@ -393,6 +401,7 @@ func (c *Controller) writeHeld(txn SinkTxn, name string, bes []loadbalancer.Back
 		delete(c.reserved, fe.Address)
 	}
 	delete(c.held, name)
+	delete(c.blocked, name)
 	c.shrinkHeld()
 	cl.held = false
 	c.clusters[name] = cl
@@ -419,16 +428,34 @@ func (c *Controller) writeDue() {
 			continue
 		}
 		if err := c.writeHeld(txn, name, c.clas[c.clusters[name].eds]); err != nil {
-			c.log.Warn("xDS cluster held for its endpoints cannot be written: retried with its next update", "cluster", name, "error", err)
-			// Held without a deadline: written with its next
-			// ClusterLoadAssignment or cluster update.
+			c.log.Warn("xDS cluster held for its endpoints cannot be written: retried with every update", "cluster", name, "error", err)
+			// Held without a deadline: tried again with every
+			// update (retryBlocked).
 			delete(c.held, name)
+			c.blocked[name] = struct{}{}
 			c.shrinkHeld()
 		}
 	}
 	txn.Commit()
 	if !next.IsZero() {
 		c.timer = time.AfterFunc(next.Sub(now), c.writeDue)
+	}
+}
+
+// retryBlocked writes the blocked clusters whose VIPs are free again, with
+// the backends known for them.
+func (c *Controller) retryBlocked(txn SinkTxn) {
+	if len(c.blocked) == 0 {
+		return
+	}
+	for name := range c.blocked {
+		cl := c.clusters[name]
+		if err := c.writeHeld(txn, name, c.clas[cl.eds]); err == nil {
+			c.log.Info("xDS cluster held for its endpoints written once its VIPs were free", "cluster", name)
+		}
+	}
+	if len(c.blocked) == 0 {
+		c.blocked = map[string]struct{}{}
 	}
 }
 
@@ -533,6 +560,7 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 		}
 		c.sawEndpoints(name)
 	}
+	c.retryBlocked(txn)
 	c.maybeInitialized(txn)
 	txn.Commit()
 	return rejected

@@ -3,6 +3,7 @@
 package l4lb
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -188,4 +189,74 @@ func TestControllerHeldClusterLosesVIP(t *testing.T) {
 		frontend 10.1.2.3:80/TCP a -> [10.0.0.2:80]
 		backend a 10.0.0.2:80 weight=1 active
 	`)
+}
+
+// A held cluster whose wait passed while another source owned its VIP is
+// written once that VIP is free, with the next update of either type, as a
+// rejected cluster is offered again: not only with its own next update,
+// which may never come.
+func TestControllerHeldClusterBlockedRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		next func(f *fixture) map[string]error
+	}{
+		{"cds", func(f *fixture) map[string]error {
+			return f.cds(nil, edsCluster("z", `{vip: 10.9.9.9, port: 80}`, ""))
+		}},
+		{"eds", func(f *fixture) map[string]error {
+			return f.eds(nil, claOf("y", ep("10.0.0.9", 80, "")))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := holdingFixture(t)
+			noRejections(t, f.cds(nil,
+				edsCluster("a", `{vip: 10.1.2.3, port: 80}`, ""),
+				edsCluster("y", `{vip: 10.1.2.9, port: 80}`, ""),
+			))
+			other := &loadbalancer.Service{Name: "other", Source: "k8s"}
+			txn := f.w.WriteTxn()
+			if err := f.w.UpsertServiceAndFrontends(txn, other, loadbalancer.FrontendParams{Address: f.ctrl.clusters["a"].fes[0].Address}); err != nil {
+				t.Fatal(err)
+			}
+			txn.Commit()
+			// Its CLA is found not to exist while the VIP is taken (the
+			// client drops a rejection of a removed name), then the wait
+			// passes: a is written with neither.
+			f.eds([]string{"a"})
+			f.due()
+			f.expect(`
+				service other source=k8s
+				service y source=xds
+				frontend 10.1.2.3:80/TCP other -> []
+				frontend 10.1.2.9:80/TCP y -> []
+			`)
+
+			txn = f.w.WriteTxn()
+			if _, err := f.w.DeleteServiceAndFrontends(txn, "other"); err != nil {
+				t.Fatal(err)
+			}
+			txn.Commit()
+			noRejections(t, tc.next(f))
+			if got := f.dump(); !strings.Contains(got, "frontend 10.1.2.3:80/TCP a -> []") {
+				t.Fatalf("a not written once its VIP was free:\n%s", got)
+			}
+		})
+	}
+}
+
+// A cluster removed while held writes nothing, then or later: not when its
+// CLA comes, nor when the wait passes; it leaves nothing reserved.
+func TestControllerHeldClusterRemoved(t *testing.T) {
+	f := holdingFixture(t)
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 80}`, "")))
+	noRejections(t, f.cds([]string{"a"}))
+	f.expectNames()
+	noRejections(t, f.eds(nil, claOf("a", ep("10.0.0.1", 80, ""))))
+	f.due()
+	f.expect(``)
+	f.ctrl.mu.Lock()
+	defer f.ctrl.mu.Unlock()
+	if len(f.ctrl.held) != 0 || len(f.ctrl.reserved) != 0 || len(f.ctrl.clusters) != 0 || len(f.ctrl.owners) != 0 {
+		t.Fatalf("left behind: held %v reserved %v clusters %v owners %v", f.ctrl.held, f.ctrl.reserved, f.ctrl.clusters, f.ctrl.owners)
+	}
 }
