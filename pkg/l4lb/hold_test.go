@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/hive/cell"
+
 	"github.com/l4xds/l4xds/pkg/loadbalancer"
 )
 
@@ -209,6 +211,8 @@ func TestControllerHeldClusterBlockedRetried(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := holdingFixture(t)
+			h := &fakeHealth{}
+			f.ctrl.SetHealth(h)
 			noRejections(t, f.cds(nil,
 				edsCluster("a", `{vip: 10.1.2.3, port: 80}`, ""),
 				edsCluster("y", `{vip: 10.1.2.9, port: 80}`, ""),
@@ -230,6 +234,11 @@ func TestControllerHeldClusterBlockedRetried(t *testing.T) {
 				frontend 10.1.2.3:80/TCP other -> []
 				frontend 10.1.2.9:80/TCP y -> []
 			`)
+			// Its xDS rows say acked and does-not-exist: health says why
+			// it is not written.
+			if want := `degraded: 1 xDS cluster held for its endpoints cannot be written: cluster "a": frontend 10.1.2.3:80/TCP is owned by service "other": frontend already owned by another service`; h.last != want {
+				t.Fatalf("health\n got: %s\nwant: %s", h.last, want)
+			}
 
 			txn = f.w.WriteTxn()
 			if _, err := f.w.DeleteServiceAndFrontends(txn, "other"); err != nil {
@@ -239,6 +248,9 @@ func TestControllerHeldClusterBlockedRetried(t *testing.T) {
 			noRejections(t, tc.next(f))
 			if got := f.dump(); !strings.Contains(got, "frontend 10.1.2.3:80/TCP a -> []") {
 				t.Fatalf("a not written once its VIP was free:\n%s", got)
+			}
+			if want := "ok: every held xDS cluster written"; h.last != want {
+				t.Fatalf("health\n got: %s\nwant: %s", h.last, want)
 			}
 		})
 	}
@@ -260,3 +272,14 @@ func TestControllerHeldClusterRemoved(t *testing.T) {
 		t.Fatalf("left behind: held %v reserved %v clusters %v owners %v", f.ctrl.held, f.ctrl.reserved, f.ctrl.clusters, f.ctrl.owners)
 	}
 }
+
+// fakeHealth keeps the last status reported.
+type fakeHealth struct{ last string }
+
+func (h *fakeHealth) OK(status string)      { h.last = "ok: " + status }
+func (h *fakeHealth) Stopped(reason string) { h.last = "stopped: " + reason }
+func (h *fakeHealth) Degraded(reason string, err error) {
+	h.last = "degraded: " + reason + ": " + err.Error()
+}
+func (h *fakeHealth) NewScope(string) cell.Health { return h }
+func (h *fakeHealth) Close()                      {}
