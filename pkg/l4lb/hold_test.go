@@ -283,3 +283,38 @@ func (h *fakeHealth) Degraded(reason string, err error) {
 }
 func (h *fakeHealth) NewScope(string) cell.Health { return h }
 func (h *fakeHealth) Close()                      {}
+
+// A held cluster updated again and again keeps its first deadline, under
+// its last VIP and service name, and frees the ones it left.
+func TestControllerHeldClusterDeadlineKept(t *testing.T) {
+	f := holdingFixture(t)
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 80}`, "")))
+	f.ctrl.mu.Lock()
+	first := f.ctrl.held["a"]
+	f.ctrl.mu.Unlock()
+	for i, meta := range []string{
+		`{vip: 10.1.2.4, port: 80}`,
+		`{vip: 10.1.2.5, port: 80, service: a2}`,
+		`{vip: 10.1.2.6, port: 80, service: a3}`,
+	} {
+		noRejections(t, f.cds(nil, edsCluster("a", meta, "")))
+		f.ctrl.mu.Lock()
+		until, reserved := f.ctrl.held["a"], len(f.ctrl.reserved)
+		f.ctrl.mu.Unlock()
+		if !until.Equal(first) || reserved != 1 {
+			t.Fatalf("update %d: deadline %v (first %v), %d VIPs reserved", i, until, first, reserved)
+		}
+	}
+	// The VIPs and names it left are free.
+	noRejections(t, f.cds(nil,
+		edsCluster("a", `{vip: 10.1.2.6, port: 80, service: a3}`, ""),
+		edsCluster("b", `{vip: 10.1.2.3, port: 80, service: a2}`, ""),
+	))
+	f.due()
+	f.expect(`
+		service a2 source=xds
+		service a3 source=xds
+		frontend 10.1.2.3:80/TCP a2 -> []
+		frontend 10.1.2.6:80/TCP a3 -> []
+	`)
+}
