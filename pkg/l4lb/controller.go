@@ -497,7 +497,7 @@ func (c *Controller) reportBlocked() {
 		c.scope = c.health.NewScope("held-clusters")
 	}
 	if len(c.blocked) == 0 {
-		c.scope.OK("every held xDS cluster written")
+		c.scope.OK("no held xDS cluster blocked")
 		return
 	}
 	names := slices.Sorted(maps.Keys(c.blocked))

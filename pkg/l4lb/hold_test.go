@@ -249,7 +249,7 @@ func TestControllerHeldClusterBlockedRetried(t *testing.T) {
 			if got := f.dump(); !strings.Contains(got, "frontend 10.1.2.3:80/TCP a -> []") {
 				t.Fatalf("a not written once its VIP was free:\n%s", got)
 			}
-			if want := "ok: every held xDS cluster written"; h.last != want {
+			if want := "ok: no held xDS cluster blocked"; h.last != want {
 				t.Fatalf("health\n got: %s\nwant: %s", h.last, want)
 			}
 		})
