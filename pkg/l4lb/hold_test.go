@@ -318,3 +318,30 @@ func TestControllerHeldClusterDeadlineKept(t *testing.T) {
 		frontend 10.1.2.6:80/TCP a3 -> []
 	`)
 }
+
+// A blocked cluster the server removes leaves nothing: not its reservation,
+// nor the degraded health.
+func TestControllerBlockedClusterRemoved(t *testing.T) {
+	f := holdingFixture(t)
+	h := &fakeHealth{}
+	f.ctrl.SetHealth(h)
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 80}`, "")))
+	txn := f.w.WriteTxn()
+	if err := f.w.UpsertServiceAndFrontends(txn, &loadbalancer.Service{Name: "other", Source: "k8s"}, loadbalancer.FrontendParams{Address: f.ctrl.clusters["a"].fes[0].Address}); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	f.due()
+	if !strings.HasPrefix(h.last, "degraded: ") {
+		t.Fatalf("health: %s", h.last)
+	}
+	noRejections(t, f.cds([]string{"a"}))
+	if h.last != "ok: no held xDS cluster blocked" {
+		t.Fatalf("health: %s", h.last)
+	}
+	f.ctrl.mu.Lock()
+	defer f.ctrl.mu.Unlock()
+	if len(f.ctrl.held) != 0 || len(f.ctrl.reserved) != 0 || len(f.ctrl.blocked) != 0 || len(f.ctrl.clusters) != 0 {
+		t.Fatalf("left behind: held %v reserved %v blocked %v clusters %v", f.ctrl.held, f.ctrl.reserved, f.ctrl.blocked, f.ctrl.clusters)
+	}
+}
