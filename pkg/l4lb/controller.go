@@ -166,7 +166,8 @@ func (c *Controller) SetHealth(h cell.Health) {
 	c.health = h
 }
 
-// Stop ends the wait of held clusters: nothing is written after it.
+// Stop ends the wait of held clusters: none is written by its deadline after
+// it (an update still writes one, as the client stops after the controller).
 func (c *Controller) Stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
