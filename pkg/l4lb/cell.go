@@ -55,6 +55,7 @@ func newCellController(p controllerParams) (*Controller, error) {
 	}
 	if p.Wait > 0 {
 		c.SetNewClusterWait(time.Duration(p.Wait), p.Log)
+		c.SetHealth(p.Health)
 		p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { c.Stop(); return nil }})
 	}
 	p.Client.Watch(xds.ClusterType, true, c.ClusterHandler())

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 
@@ -81,8 +82,16 @@ type Controller struct {
 	// addresses, so that no other cluster takes them meanwhile.
 	held     map[string]time.Time
 	reserved map[loadbalancer.L3n4Addr]string
-	timer    *time.Timer
-	stopped  bool
+	// blocked are the held clusters whose wait passed while another
+	// source owned a VIP of theirs: tried again with every update, as
+	// the xDS client offers a rejected resource again, since their own
+	// next update may never come. Their errors are the health the
+	// controller reports (SetHealth): their xDS rows say acked.
+	blocked        map[string]error
+	blockedChanged bool
+	health, scope  cell.Health
+	timer          *time.Timer
+	stopped        bool
 }
 
 // cluster is what the controller remembers of an accepted cluster.
@@ -130,6 +139,7 @@ func newController(tr *Translator, sink Sink, names NameSetter) *Controller {
 		log:      slog.New(slog.DiscardHandler),
 		held:     map[string]time.Time{},
 		reserved: map[loadbalancer.L3n4Addr]string{},
+		blocked:  map[string]error{},
 	}
 }
 
@@ -146,7 +156,18 @@ func (c *Controller) SetNewClusterWait(d time.Duration, log *slog.Logger) {
 	}
 }
 
-// Stop ends the wait of held clusters: nothing is written after it.
+// SetHealth makes the controller report, in a scope of h, the held clusters
+// that cannot be written (a VIP another source owns): their xDS rows say
+// acked, their ClusterLoadAssignment's maybe does-not-exist. Set before the
+// first update.
+func (c *Controller) SetHealth(h cell.Health) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.health = h
+}
+
+// Stop ends the wait of held clusters: none is written by its deadline after
+// it (an update still writes one, as the client stops after the controller).
 func (c *Controller) Stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -207,10 +228,12 @@ func (c *Controller) HandleClusters(_ context.Context, u xds.Update) map[string]
 		}
 		conflicts = remaining
 	}
+	c.retryBlocked(txn)
 	c.sawCDS = true
 	c.updateNames()
 	c.maybeInitialized(txn)
 	txn.Commit()
+	c.reportBlocked()
 	return rejected
 }
 
@@ -363,6 +386,7 @@ func (c *Controller) forgetCluster(name string, cl cluster) {
 		}
 	}
 	delete(c.held, name)
+	c.unblock(name)
 	c.shrinkHeld()
 }
 
@@ -393,6 +417,7 @@ func (c *Controller) writeHeld(txn SinkTxn, name string, bes []loadbalancer.Back
 		delete(c.reserved, fe.Address)
 	}
 	delete(c.held, name)
+	c.unblock(name)
 	c.shrinkHeld()
 	cl.held = false
 	c.clusters[name] = cl
@@ -419,17 +444,73 @@ func (c *Controller) writeDue() {
 			continue
 		}
 		if err := c.writeHeld(txn, name, c.clas[c.clusters[name].eds]); err != nil {
-			c.log.Warn("xDS cluster held for its endpoints cannot be written: retried with its next update", "cluster", name, "error", err)
-			// Held without a deadline: written with its next
-			// ClusterLoadAssignment or cluster update.
+			c.log.Warn("xDS cluster held for its endpoints cannot be written: retried with every update", "cluster", name, "error", err)
+			// Held without a deadline: tried again with every
+			// update (retryBlocked).
 			delete(c.held, name)
+			c.blocked[name], c.blockedChanged = err, true
 			c.shrinkHeld()
 		}
 	}
 	txn.Commit()
+	c.reportBlocked()
 	if !next.IsZero() {
 		c.timer = time.AfterFunc(next.Sub(now), c.writeDue)
 	}
+}
+
+// retryBlocked writes the blocked clusters whose VIPs are free again, with
+// the backends known for them.
+func (c *Controller) retryBlocked(txn SinkTxn) {
+	if len(c.blocked) == 0 {
+		return
+	}
+	for name, was := range c.blocked {
+		err := c.writeHeld(txn, name, c.clas[c.clusters[name].eds])
+		switch {
+		case err == nil:
+			c.log.Info("xDS cluster held for its endpoints written once its VIPs were free", "cluster", name)
+		case err.Error() != was.Error():
+			c.blocked[name], c.blockedChanged = err, true
+		}
+	}
+	if len(c.blocked) == 0 {
+		c.blocked = map[string]error{}
+	}
+}
+
+func (c *Controller) unblock(name string) {
+	if _, ok := c.blocked[name]; ok {
+		delete(c.blocked, name)
+		c.blockedChanged = true
+	}
+}
+
+// reportBlocked reports the blocked clusters, if they changed: degraded
+// while there are any. The scope is made with the first, so that an agent
+// that never had one shows nothing.
+func (c *Controller) reportBlocked() {
+	if !c.blockedChanged || c.health == nil {
+		return
+	}
+	c.blockedChanged = false
+	if c.scope == nil {
+		c.scope = c.health.NewScope("held-clusters")
+	}
+	if len(c.blocked) == 0 {
+		c.scope.OK("no held xDS cluster blocked")
+		return
+	}
+	names := slices.Sorted(maps.Keys(c.blocked))
+	errs := make([]error, 0, 3)
+	for _, name := range names[:min(len(names), cap(errs))] {
+		errs = append(errs, c.blocked[name])
+	}
+	what := "1 xDS cluster held for its endpoints cannot be written"
+	if len(names) > 1 {
+		what = fmt.Sprintf("%d xDS clusters held for their endpoints cannot be written", len(names))
+	}
+	c.scope.Degraded(what, errors.Join(errs...))
 }
 
 func (c *Controller) deleteCluster(txn SinkTxn, name string) error {
@@ -533,8 +614,10 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 		}
 		c.sawEndpoints(name)
 	}
+	c.retryBlocked(txn)
 	c.maybeInitialized(txn)
 	txn.Commit()
+	c.reportBlocked()
 	return rejected
 }
 

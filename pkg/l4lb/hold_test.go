@@ -3,8 +3,11 @@
 package l4lb
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/hive/cell"
 
 	"github.com/l4xds/l4xds/pkg/loadbalancer"
 )
@@ -188,4 +191,157 @@ func TestControllerHeldClusterLosesVIP(t *testing.T) {
 		frontend 10.1.2.3:80/TCP a -> [10.0.0.2:80]
 		backend a 10.0.0.2:80 weight=1 active
 	`)
+}
+
+// A held cluster whose wait passed while another source owned its VIP is
+// written once that VIP is free, with the next update of either type, as a
+// rejected cluster is offered again: not only with its own next update,
+// which may never come.
+func TestControllerHeldClusterBlockedRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		next func(f *fixture) map[string]error
+	}{
+		{"cds", func(f *fixture) map[string]error {
+			return f.cds(nil, edsCluster("z", `{vip: 10.9.9.9, port: 80}`, ""))
+		}},
+		{"eds", func(f *fixture) map[string]error {
+			return f.eds(nil, claOf("y", ep("10.0.0.9", 80, "")))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := holdingFixture(t)
+			h := &fakeHealth{}
+			f.ctrl.SetHealth(h)
+			noRejections(t, f.cds(nil,
+				edsCluster("a", `{vip: 10.1.2.3, port: 80}`, ""),
+				edsCluster("y", `{vip: 10.1.2.9, port: 80}`, ""),
+			))
+			other := &loadbalancer.Service{Name: "other", Source: "k8s"}
+			txn := f.w.WriteTxn()
+			if err := f.w.UpsertServiceAndFrontends(txn, other, loadbalancer.FrontendParams{Address: f.ctrl.clusters["a"].fes[0].Address}); err != nil {
+				t.Fatal(err)
+			}
+			txn.Commit()
+			// Its CLA is found not to exist while the VIP is taken (the
+			// client drops a rejection of a removed name), then the wait
+			// passes: a is written with neither.
+			f.eds([]string{"a"})
+			f.due()
+			f.expect(`
+				service other source=k8s
+				service y source=xds
+				frontend 10.1.2.3:80/TCP other -> []
+				frontend 10.1.2.9:80/TCP y -> []
+			`)
+			// Its xDS rows say acked and does-not-exist: health says why
+			// it is not written.
+			if want := `degraded: 1 xDS cluster held for its endpoints cannot be written: cluster "a": frontend 10.1.2.3:80/TCP is owned by service "other": frontend already owned by another service`; h.last != want {
+				t.Fatalf("health\n got: %s\nwant: %s", h.last, want)
+			}
+
+			txn = f.w.WriteTxn()
+			if _, err := f.w.DeleteServiceAndFrontends(txn, "other"); err != nil {
+				t.Fatal(err)
+			}
+			txn.Commit()
+			noRejections(t, tc.next(f))
+			if got := f.dump(); !strings.Contains(got, "frontend 10.1.2.3:80/TCP a -> []") {
+				t.Fatalf("a not written once its VIP was free:\n%s", got)
+			}
+			if want := "ok: no held xDS cluster blocked"; h.last != want {
+				t.Fatalf("health\n got: %s\nwant: %s", h.last, want)
+			}
+		})
+	}
+}
+
+// A cluster removed while held writes nothing, then or later: not when its
+// CLA comes, nor when the wait passes; it leaves nothing reserved.
+func TestControllerHeldClusterRemoved(t *testing.T) {
+	f := holdingFixture(t)
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 80}`, "")))
+	noRejections(t, f.cds([]string{"a"}))
+	f.expectNames()
+	noRejections(t, f.eds(nil, claOf("a", ep("10.0.0.1", 80, ""))))
+	f.due()
+	f.expect(``)
+	f.ctrl.mu.Lock()
+	defer f.ctrl.mu.Unlock()
+	if len(f.ctrl.held) != 0 || len(f.ctrl.reserved) != 0 || len(f.ctrl.clusters) != 0 || len(f.ctrl.owners) != 0 {
+		t.Fatalf("left behind: held %v reserved %v clusters %v owners %v", f.ctrl.held, f.ctrl.reserved, f.ctrl.clusters, f.ctrl.owners)
+	}
+}
+
+// fakeHealth keeps the last status reported.
+type fakeHealth struct{ last string }
+
+func (h *fakeHealth) OK(status string)      { h.last = "ok: " + status }
+func (h *fakeHealth) Stopped(reason string) { h.last = "stopped: " + reason }
+func (h *fakeHealth) Degraded(reason string, err error) {
+	h.last = "degraded: " + reason + ": " + err.Error()
+}
+func (h *fakeHealth) NewScope(string) cell.Health { return h }
+func (h *fakeHealth) Close()                      {}
+
+// A held cluster updated again and again keeps its first deadline, under
+// its last VIP and service name, and frees the ones it left.
+func TestControllerHeldClusterDeadlineKept(t *testing.T) {
+	f := holdingFixture(t)
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 80}`, "")))
+	f.ctrl.mu.Lock()
+	first := f.ctrl.held["a"]
+	f.ctrl.mu.Unlock()
+	for i, meta := range []string{
+		`{vip: 10.1.2.4, port: 80}`,
+		`{vip: 10.1.2.5, port: 80, service: a2}`,
+		`{vip: 10.1.2.6, port: 80, service: a3}`,
+	} {
+		noRejections(t, f.cds(nil, edsCluster("a", meta, "")))
+		f.ctrl.mu.Lock()
+		until, reserved := f.ctrl.held["a"], len(f.ctrl.reserved)
+		f.ctrl.mu.Unlock()
+		if !until.Equal(first) || reserved != 1 {
+			t.Fatalf("update %d: deadline %v (first %v), %d VIPs reserved", i, until, first, reserved)
+		}
+	}
+	// The VIPs and names it left are free.
+	noRejections(t, f.cds(nil,
+		edsCluster("a", `{vip: 10.1.2.6, port: 80, service: a3}`, ""),
+		edsCluster("b", `{vip: 10.1.2.3, port: 80, service: a2}`, ""),
+	))
+	f.due()
+	f.expect(`
+		service a2 source=xds
+		service a3 source=xds
+		frontend 10.1.2.3:80/TCP a2 -> []
+		frontend 10.1.2.6:80/TCP a3 -> []
+	`)
+}
+
+// A blocked cluster the server removes leaves nothing: not its reservation,
+// nor the degraded health.
+func TestControllerBlockedClusterRemoved(t *testing.T) {
+	f := holdingFixture(t)
+	h := &fakeHealth{}
+	f.ctrl.SetHealth(h)
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 80}`, "")))
+	txn := f.w.WriteTxn()
+	if err := f.w.UpsertServiceAndFrontends(txn, &loadbalancer.Service{Name: "other", Source: "k8s"}, loadbalancer.FrontendParams{Address: f.ctrl.clusters["a"].fes[0].Address}); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	f.due()
+	if !strings.HasPrefix(h.last, "degraded: ") {
+		t.Fatalf("health: %s", h.last)
+	}
+	noRejections(t, f.cds([]string{"a"}))
+	if h.last != "ok: no held xDS cluster blocked" {
+		t.Fatalf("health: %s", h.last)
+	}
+	f.ctrl.mu.Lock()
+	defer f.ctrl.mu.Unlock()
+	if len(f.ctrl.held) != 0 || len(f.ctrl.reserved) != 0 || len(f.ctrl.blocked) != 0 || len(f.ctrl.clusters) != 0 {
+		t.Fatalf("left behind: held %v reserved %v blocked %v clusters %v", f.ctrl.held, f.ctrl.reserved, f.ctrl.blocked, f.ctrl.clusters)
+	}
 }
