@@ -12,7 +12,7 @@
 #   test/kind/cilium/run.sh            # CLUSTER=l4xds-cilium by default
 #   KEEP=1 test/kind/cilium/run.sh     # keep the cluster for a look
 #
-# Needs root, Go, docker.io, zstd and debootstrap, as ../run.sh.
+# Needs root, Go, docker.io, zstd and debootstrap, as ../run.sh, and bpftool.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 kind_dir=$(cd "$here/.." && pwd)
@@ -38,7 +38,8 @@ TIER=test-kind-cilium
 # shellcheck source=../lib.sh
 . "$kind_dir/lib.sh"
 
-kind_preflight "go docker dockerd zstd debootstrap" "apt-get install docker.io zstd debootstrap (.ci/run installs them)"
+# bpftool: the test reads socket-LB's attachments from the machine.
+kind_preflight "go docker dockerd zstd debootstrap bpftool" "apt-get install docker.io zstd debootstrap bpftool (.ci/run installs them)"
 
 work=$(mktemp -d -t l4xds-kind-cilium.XXXXXX)
 kind_save_sysctls
@@ -88,6 +89,9 @@ nodes=$(kind get nodes --name "$CLUSTER")
 for n in $nodes; do
 	# Cilium's host-wide sysctls fail instead of changing the host (above).
 	docker exec "$n" bash -c 'mount --bind /proc/sys/kernel /proc/sys/kernel && mount -o remount,bind,ro /proc/sys/kernel'
+	# The test probes the VIPs from the node's own network namespace too,
+	# where socket-LB balances them.
+	docker cp "$work/image/l4xds-traffic" "$n:/usr/local/bin/l4xds-traffic"
 done
 say "loading images"
 kind load docker-image "$agent_image" "$operator_image" "$IMAGE" --name "$CLUSTER"
