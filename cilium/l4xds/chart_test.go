@@ -32,11 +32,12 @@ const ciliumDocs = "../../Documentation/cilium.md"
 
 // TestUpstreamChart renders Cilium's own Helm chart, of the Cilium version
 // this module builds, with the values Documentation/cilium.md gives, and
-// checks what an operator relies on: cilium-config carries the block and
-// the Maglev annotation switch, the agent container runs our image and
-// mounts the TLS Secret where the block points, and the rendered
-// cilium-config loads into this module's agent (every key that is an agent
-// setting parses as that setting, and the block decodes).
+// checks what an operator relies on: cilium-config carries the block, the
+// Maglev annotation switch and socket-LB for the host namespace only, the
+// agent container runs our image and mounts the TLS Secret where the block
+// points, and the rendered cilium-config loads into this module's agent
+// (every key that is an agent setting parses as that setting, and the block
+// decodes).
 func TestUpstreamChart(t *testing.T) {
 	values := docsValues(t)
 	chrt, err := loader.Load(path.Join(ciliumModuleDir(t), "install/kubernetes/cilium"))
@@ -86,6 +87,9 @@ func TestUpstreamChart(t *testing.T) {
 	// cilium-config, as the agent reads it.
 	if got := config.Data["bpf-lb-algorithm-annotation"]; got != "true" {
 		t.Errorf("cilium-config bpf-lb-algorithm-annotation is %q, want \"true\" (weights need Maglev)", got)
+	}
+	if got := config.Data["bpf-lb-sock-hostns-only"]; got != "true" {
+		t.Errorf("cilium-config bpf-lb-sock-hostns-only is %q, want \"true\" (socket-LB ignores the weights: pods' flows per packet)", got)
 	}
 	flags := pflag.NewFlagSet("cilium-agent", pflag.ContinueOnError)
 	hive.New(cmd.Agent, Cell).RegisterFlags(flags)

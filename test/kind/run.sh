@@ -35,77 +35,32 @@ SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory
 	fs.file-max fs.protected_fifos fs.protected_regular fs.protected_symlinks
 	net.ipv4.ip_forward net.ipv4.conf.all.accept_redirects net.ipv6.conf.all.forwarding)
 
-t0=$(date +%s)
-say() { printf '=== test-kind +%ss: %s\n' "$(($(date +%s) - t0))" "$*"; }
+TIER=test-kind
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 
-if [ "$(id -u)" != 0 ]; then
-	echo "test-kind: SKIP: needs root (kind nodes are privileged containers, kubelet sets host sysctls)"
-	exit 0
-fi
-for tool in go docker dockerd zstd; do
-	command -v "$tool" >/dev/null && continue
-	echo "test-kind: $tool is missing: apt-get install docker.io zstd (debootstrap too for the offline node image; .ci/run installs them)"
-	# CI installs them, so there a missing tool is an error, not a skip.
-	[ "${L4XDS_KIND_REQUIRED:-0}" = 1 ] && exit 1
-	echo "test-kind: SKIP"
-	exit 0
-done
+# CI installs the tools, so there a missing tool is an error, not a skip.
+kind_preflight "go docker dockerd zstd" "apt-get install docker.io zstd (debootstrap too for the offline node image; .ci/run installs them)"
 [ -n "$KIND_NODE_IMAGE" ] || command -v debootstrap >/dev/null || {
 	echo "test-kind: debootstrap is missing (apt-get install debootstrap), needed to build the node image offline" >&2
 	exit 1
 }
 
 work=$(mktemp -d -t l4xds-kind.XXXXXX)
-saved=()
-for s in "${SYSCTLS[@]}"; do saved+=("$s=$(sysctl -n "$s")"); done
-dockerd_pid=
-created=0
+kind_save_sysctls
 KUBECONFIG=$work/kubeconfig
-network_existed=1
 
 cleanup() {
 	local rc=$?
 	set +e
-	if [ "$created" = 1 ] && [ "$KEEP" != 1 ]; then
-		say "deleting cluster $CLUSTER and the client"
-		docker rm -f "$CLIENT" >/dev/null 2>&1
-		"$L4XDS_CACHE/bin/kind" delete cluster --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
-		# kind leaves its Docker network; remove it when it made it.
-		[ "$network_existed" = 1 ] || docker network rm kind >/dev/null
-	fi
-	if [ -n "$dockerd_pid" ] && [ "$KEEP" != 1 ]; then
-		say "stopping the dockerd this run started (pid $dockerd_pid)"
-		kill "$dockerd_pid"
-		wait "$dockerd_pid"
-	fi
-	if [ "$KEEP" != 1 ]; then
-		sysctl -q -w "${saved[@]}"
-		say "restored ${saved[*]}"
-	else
-		say "kept: KUBECONFIG=$KUBECONFIG; afterwards: kind delete cluster --name $CLUSTER; docker rm -f $CLIENT; sysctl -w ${saved[*]}"
-	fi
+	kind_teardown
 	rm -rf "$work"
 	exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# A Docker engine: the running one, or one started for this run. A host
-# whose capability bounding set lacks CAP_SYS_RESOURCE (itself a container)
-# cannot run privileged containers with plain runc: runc-nosysres drops the
-# capabilities the host does not have from each container's spec. It is set
-# on the command line, so /etc/docker/daemon.json is not touched.
-mkdir -p "$L4XDS_CACHE/bin"
-(cd "$here/node/tools" && CGO_ENABLED=0 go build -o "$L4XDS_CACHE/bin/" ./runc-nosysres)
-if ! docker info >/dev/null 2>&1; then
-	say "starting dockerd"
-	dockerd --add-runtime "runc-nosysres=$L4XDS_CACHE/bin/runc-nosysres" --default-runtime runc-nosysres \
-		>"$L4XDS_CACHE/dockerd.log" 2>&1 &
-	dockerd_pid=$!
-	for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-	docker info >/dev/null || { tail -20 "$L4XDS_CACHE/dockerd.log" >&2; exit 1; }
-fi
-docker network inspect kind >/dev/null 2>&1 || network_existed=0
+kind_docker
 
 say "node image"
 if [ -n "$KIND_NODE_IMAGE" ]; then
@@ -145,16 +100,7 @@ status=0
 (cd "$here" && L4XDS_KIND_CLUSTER=$CLUSTER L4XDS_KIND_IMAGE=$IMAGE L4XDS_KIND_CLIENT=$CLIENT L4XDS_BIN=$repo/bin \
 	go test -count=1 -v -timeout 40m ./...) 2>&1 | tee "$work/go-test.log" || status=$?
 if [ "$status" != 0 ]; then
-	# The cluster's state is dumped after the subtests; repeat where each
-	# failed test stopped (the end of its own output) so that it is last.
-	say "failed; the end of each failed test's output:"
-	failed=$(sed -n 's/^ *--- FAIL: \([^ ]*\) .*/\1/p' "$work/go-test.log")
-	for name in $failed; do
-		# A parent's failure is its children's: show the innermost.
-		awk -v p="$name/" 'index($0, p) == 1 { found = 1 } END { exit !found }' <<<"$failed" && continue
-		echo "--- $name"
-		awk -v n="$name" '$1 == "===" { on = ($3 == n) } /^ *--- (FAIL|PASS|SKIP)/ { on = 0 } on' "$work/go-test.log" | tail -8
-	done
+	kind_report_failures "$work/go-test.log"
 	exit "$status"
 fi
 say "passed"

@@ -12,7 +12,7 @@
 #   test/kind/cilium/run.sh            # CLUSTER=l4xds-cilium by default
 #   KEEP=1 test/kind/cilium/run.sh     # keep the cluster for a look
 #
-# Needs root, Go, docker.io, zstd and debootstrap, as ../run.sh.
+# Needs root, Go, docker.io, zstd and debootstrap, as ../run.sh, and bpftool.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 kind_dir=$(cd "$here/.." && pwd)
@@ -34,50 +34,22 @@ SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory
 	net.ipv4.ip_forward net.ipv4.conf.all.accept_redirects net.ipv6.conf.all.forwarding
 	kernel.timer_migration)
 
-t0=$(date +%s)
-say() { printf '=== test-kind-cilium +%ss: %s\n' "$(($(date +%s) - t0))" "$*"; }
+TIER=test-kind-cilium
+# shellcheck source=../lib.sh
+. "$kind_dir/lib.sh"
 
-if [ "$(id -u)" != 0 ]; then
-	echo "test-kind-cilium: SKIP: needs root (kind nodes are privileged containers, kubelet sets host sysctls)"
-	exit 0
-fi
-for tool in go docker dockerd zstd debootstrap; do
-	command -v "$tool" >/dev/null && continue
-	echo "test-kind-cilium: $tool is missing: apt-get install docker.io zstd debootstrap (.ci/run installs them)"
-	[ "${L4XDS_KIND_REQUIRED:-0}" = 1 ] && exit 1
-	echo "test-kind-cilium: SKIP"
-	exit 0
-done
+# bpftool: the test reads socket-LB's attachments from the machine.
+kind_preflight "go docker dockerd zstd debootstrap bpftool" "apt-get install docker.io zstd debootstrap bpftool (.ci/run installs them)"
 
 work=$(mktemp -d -t l4xds-kind-cilium.XXXXXX)
-saved=()
-for s in "${SYSCTLS[@]}"; do saved+=("$s=$(sysctl -n "$s")"); done
+kind_save_sysctls
 unpriv_bpf=$(sysctl -n kernel.unprivileged_bpf_disabled)
-dockerd_pid=
-created=0
 KUBECONFIG=$work/kubeconfig
-network_existed=1
 
 cleanup() {
 	local rc=$?
 	set +e
-	if [ "$created" = 1 ] && [ "$KEEP" != 1 ]; then
-		say "deleting cluster $CLUSTER and the client"
-		docker rm -f "$CLIENT" >/dev/null 2>&1
-		"$L4XDS_CACHE/bin/kind" delete cluster --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
-		[ "$network_existed" = 1 ] || docker network rm kind >/dev/null
-	fi
-	if [ -n "$dockerd_pid" ] && [ "$KEEP" != 1 ]; then
-		say "stopping the dockerd this run started (pid $dockerd_pid)"
-		kill "$dockerd_pid"
-		wait "$dockerd_pid"
-	fi
-	if [ "$KEEP" != 1 ]; then
-		sysctl -q -w "${saved[@]}"
-		say "restored ${saved[*]}"
-	else
-		say "kept: KUBECONFIG=$KUBECONFIG; afterwards: kind delete cluster --name $CLUSTER; docker rm -f $CLIENT; sysctl -w ${saved[*]}"
-	fi
+	kind_teardown
 	if [ "$(sysctl -n kernel.unprivileged_bpf_disabled)" != "$unpriv_bpf" ]; then
 		echo "test-kind-cilium: kernel.unprivileged_bpf_disabled is $(sysctl -n kernel.unprivileged_bpf_disabled), was $unpriv_bpf" >&2
 		[ "$rc" != 0 ] || rc=1
@@ -88,17 +60,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-mkdir -p "$L4XDS_CACHE/bin"
-(cd "$kind_dir/node/tools" && CGO_ENABLED=0 go build -o "$L4XDS_CACHE/bin/" ./runc-nosysres)
-if ! docker info >/dev/null 2>&1; then
-	say "starting dockerd"
-	dockerd --add-runtime "runc-nosysres=$L4XDS_CACHE/bin/runc-nosysres" --default-runtime runc-nosysres \
-		>"$L4XDS_CACHE/dockerd.log" 2>&1 &
-	dockerd_pid=$!
-	for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-	docker info >/dev/null || { tail -20 "$L4XDS_CACHE/dockerd.log" >&2; exit 1; }
-fi
-docker network inspect kind >/dev/null 2>&1 || network_existed=0
+kind_docker
 
 say "node image"
 node_image=$("$kind_dir/build-node-image.sh" | tail -1)
@@ -127,6 +89,9 @@ nodes=$(kind get nodes --name "$CLUSTER")
 for n in $nodes; do
 	# Cilium's host-wide sysctls fail instead of changing the host (above).
 	docker exec "$n" bash -c 'mount --bind /proc/sys/kernel /proc/sys/kernel && mount -o remount,bind,ro /proc/sys/kernel'
+	# The test probes the VIPs from the node's own network namespace too,
+	# where socket-LB balances them.
+	docker cp "$work/image/l4xds-traffic" "$n:/usr/local/bin/l4xds-traffic"
 done
 say "loading images"
 kind load docker-image "$agent_image" "$operator_image" "$IMAGE" --name "$CLUSTER"
@@ -157,13 +122,7 @@ status=0
 	L4XDS_KIND_CILIUM_CHART=$chart L4XDS_KIND_CILIUM_VALUES=$work/values.yaml \
 	go test -count=1 -v -timeout 30m -run 'TestKindCilium' ./...) 2>&1 | tee "$work/go-test.log" || status=$?
 if [ "$status" != 0 ]; then
-	say "failed; the end of each failed test's output:"
-	failed=$(sed -n 's/^ *--- FAIL: \([^ ]*\) .*/\1/p' "$work/go-test.log")
-	for name in $failed; do
-		awk -v p="$name/" 'index($0, p) == 1 { found = 1 } END { exit !found }' <<<"$failed" && continue
-		echo "--- $name"
-		awk -v n="$name" '$1 == "===" { on = ($3 == n) } /^ *--- (FAIL|PASS|SKIP)/ { on = 0 } on' "$work/go-test.log" | tail -8
-	done
+	kind_report_failures "$work/go-test.log"
 	exit "$status"
 fi
 say "passed"
