@@ -67,9 +67,10 @@ node_image=$("$kind_dir/build-node-image.sh" | tail -1)
 export PATH=$L4XDS_CACHE/bin:$PATH
 
 say "Cilium images"
-mapfile -t cilium_images < <("$here/build-images.sh" | tail -2)
-agent_image=${cilium_images[0]}
-operator_image=${cilium_images[1]}
+# Not a process substitution: its failure would go unseen.
+images=$("$here/build-images.sh" | tail -2)
+agent_image=$(sed -n 1p <<<"$images")
+operator_image=$(sed -n 2p <<<"$images")
 
 say "l4xds image $IMAGE (control plane, traffic tool)"
 mkdir -p "$work/image" "$work/bin"
