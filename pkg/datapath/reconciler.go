@@ -284,15 +284,15 @@ func (o *ops) prepare(st *step) (err error) {
 		if be.weight != weight {
 			be.weight, changed = weight, true
 		}
-		svc.backends[want.addr] = be
+		svc.backends.set(want.addr, be)
 	}
 	o.beIDs, o.beValues, o.beAddrs = ids, values, addrs
 	if len(ids) > 0 {
 		if err := o.maps.putBackends(ids, values); err != nil {
 			for _, addr := range addrs {
-				be := svc.backends[addr]
-				be.written = false
-				svc.backends[addr] = be
+				if i, ok := svc.backends.find(addr); ok {
+					svc.backends[i].written = false
+				}
 			}
 			return err
 		}
@@ -304,9 +304,9 @@ func (o *ops) prepare(st *step) (err error) {
 		for _, want := range d.backends {
 			o.listed[want.addr] = struct{}{}
 		}
-		for addr := range svc.backends {
-			if _, ok := o.listed[addr]; !ok {
-				st.removed = append(st.removed, addr)
+		for _, e := range svc.backends {
+			if _, ok := o.listed[e.addr]; !ok {
+				st.removed = append(st.removed, e.addr)
 			}
 		}
 	}
@@ -370,7 +370,7 @@ func (o *ops) fits(fe *lb.Frontend, d *desiredService) error {
 			added = len(d.backends)
 			break
 		}
-		if _, ok := svc.backends[want.addr]; !ok {
+		if _, ok := svc.backends.get(want.addr); !ok {
 			added++
 		}
 	}
@@ -497,7 +497,7 @@ func (o *ops) finish(st *step) error {
 
 	// The backends no longer listed, now that no table names them.
 	for _, addr := range st.removed {
-		if be, ok := svc.backends[addr]; ok {
+		if be, ok := svc.backends.get(addr); ok {
 			if err := o.maps.deleteBackend(be.id); err != nil {
 				return err
 			}
@@ -562,11 +562,13 @@ func (o *ops) delete(svc *service) error {
 		return err
 	}
 	svc.written = false
-	for addr, be := range svc.backends {
-		if err := o.maps.deleteBackend(be.id); err != nil {
+	// From the last, so that each removal leaves the rest in place.
+	for i := len(svc.backends) - 1; i >= 0; i-- {
+		e := svc.backends[i]
+		if err := o.maps.deleteBackend(e.id); err != nil {
 			return err
 		}
-		o.reg.removeBackend(svc, addr)
+		o.reg.removeBackend(svc, e.addr)
 	}
 	for p := range svc.ranges {
 		if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
@@ -636,7 +638,7 @@ func (o *ops) pruneMaps() error {
 	for i, id := range ids {
 		svc, ok := o.reg.byID[bes[i].SvcId]
 		if ok {
-			be, known := svc.backends[backendAddrFromBPF(bes[i])]
+			be, known := svc.backends.get(backendAddrFromBPF(bes[i]))
 			ok = known && be.id == id
 		}
 		if !ok {
