@@ -51,6 +51,12 @@ type Maps struct {
 	tables   *tableMaker
 	slotKeys []uint32
 
+	// parked are the VIPs in l4xds_old_vips as far as the agent knows:
+	// read from the map once, then kept with its writes. A VIP that comes
+	// back is deleted from it only if parked there, which spares every new
+	// VIP a delete (nil: not read yet; see parkedVIP).
+	parked map[[4]uint32]struct{}
+
 	// Buffers of the writes.
 	batchKeys  []uint32
 	batchFDs   []uint32
@@ -835,6 +841,7 @@ func (m *Maps) setVIP(vip netip.Addr, n uint32) error {
 			if err := m.oldVIPs.Put(&key, uint64(now+m.removedVIPGrace)); err != nil {
 				return fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsOldVips, vip, err)
 			}
+			m.park(key)
 		}
 		if err := m.vips.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete from %s: %s: %w", bpf.L4xdsMapL4xdsVips, vip, err)
@@ -846,12 +853,45 @@ func (m *Maps) setVIP(vip netip.Addr, n uint32) error {
 	}
 	// A VIP again: the program reads l4xds_vips first, the entry is only
 	// left over.
-	if m.oldVIPs != nil {
+	if m.oldVIPs != nil && m.parkedVIP(key) {
 		if err := m.oldVIPs.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete from %s: %s: %w", bpf.L4xdsMapL4xdsOldVips, vip, err)
 		}
+		delete(m.parked, key)
 	}
 	return nil
+}
+
+// parkedVIP reports whether l4xds_old_vips may hold key: what the map held
+// when first asked (a previous agent's entries), and what was put since.
+// Entries the LRU evicts stay in the set; their delete finds nothing. If
+// the map cannot be read, every VIP may be there.
+func (m *Maps) parkedVIP(key [4]uint32) bool {
+	if m.parked == nil {
+		keys, _, err := collect[[4]uint32, uint64](m.oldVIPs)
+		if err != nil {
+			return true
+		}
+		m.parked = make(map[[4]uint32]struct{}, len(keys))
+		for _, k := range keys {
+			m.parked[k] = struct{}{}
+		}
+	}
+	_, ok := m.parked[key]
+	return ok
+}
+
+// park records a VIP put in l4xds_old_vips. The set is read again from the
+// map once it holds twice the map's entries: the rest were evicted.
+func (m *Maps) park(key [4]uint32) {
+	if m.parked == nil {
+		return // read from the map, with this entry, when first asked
+	}
+	if len(m.parked) >= 2*int(m.oldVIPs.MaxEntries()) {
+		m.parked = nil
+		return
+	}
+	m.parked[key] = struct{}{}
 }
 
 // zeroStats clears the counters of a service ID before it is reused.
