@@ -327,12 +327,16 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 
 	rejected := map[string]error{}
 	txn := c.sink.WriteTxn()
-	for _, r := range u.Upserted {
-		// The server has answered, if badly: a broken CLA must not hold
-		// back the initialization of every other service.
-		c.sawEndpoints(r.Name)
-		if err := c.upsertEndpoints(txn, r); err != nil {
-			rejected[r.Name] = err
+	if many, ok := txn.(backendsOfMany); ok {
+		c.upsertEndpointsOf(many, u.Upserted, rejected)
+	} else {
+		for _, r := range u.Upserted {
+			// The server has answered, if badly: a broken CLA must not
+			// hold back the initialization of every other service.
+			c.sawEndpoints(r.Name)
+			if err := c.upsertEndpoints(txn, r); err != nil {
+				rejected[r.Name] = err
+			}
 		}
 	}
 	for _, name := range u.Removed {
@@ -348,19 +352,58 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 }
 
 func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
-	cla, ok := r.Message.(*endpointv3.ClusterLoadAssignment)
-	if !ok {
-		return fmt.Errorf("cluster_load_assignment %q: message is a %T, not a ClusterLoadAssignment", r.Name, r.Message)
-	}
-	if cla.GetClusterName() != r.Name {
-		return &Error{Kind: "cluster_load_assignment", Name: r.Name, Field: "cluster_name", Err: fmt.Errorf("%q differs from the resource name", cla.GetClusterName())}
-	}
-	bes, err := c.tr.Endpoints(cla)
+	bes, err := c.translateEndpoints(r)
 	if err != nil {
 		return err
 	}
 	c.clas[r.Name] = bes
 	return c.setBackends(txn, r.Name, bes)
+}
+
+// upsertEndpointsOf is upsertEndpoints for every resource of an update, the
+// backends of all their clusters set at once. A resource is rejected with
+// the first error of its clusters.
+func (c *Controller) upsertEndpointsOf(txn backendsOfMany, upserted []xds.Resource, rejected map[string]error) {
+	var (
+		sets []loadbalancer.ServiceBackends
+		// The resource and cluster of each set.
+		from []struct{ eds, cluster string }
+	)
+	for _, r := range upserted {
+		// The server has answered, if badly: a broken CLA must not hold
+		// back the initialization of every other service.
+		c.sawEndpoints(r.Name)
+		bes, err := c.translateEndpoints(r)
+		if err != nil {
+			rejected[r.Name] = err
+			continue
+		}
+		c.clas[r.Name] = bes
+		for _, name := range c.users[r.Name] {
+			sets = append(sets, loadbalancer.ServiceBackends{Name: c.clusters[name].svc.Name, Backends: bes})
+			from = append(from, struct{ eds, cluster string }{r.Name, name})
+		}
+	}
+	if len(sets) == 0 {
+		return
+	}
+	for i, err := range txn.SetBackendsOf(sets) {
+		if _, seen := rejected[from[i].eds]; err != nil && !seen {
+			rejected[from[i].eds] = fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", from[i].eds, from[i].cluster, err)
+		}
+	}
+}
+
+// translateEndpoints checks and translates a ClusterLoadAssignment.
+func (c *Controller) translateEndpoints(r xds.Resource) ([]loadbalancer.BackendParams, error) {
+	cla, ok := r.Message.(*endpointv3.ClusterLoadAssignment)
+	if !ok {
+		return nil, fmt.Errorf("cluster_load_assignment %q: message is a %T, not a ClusterLoadAssignment", r.Name, r.Message)
+	}
+	if cla.GetClusterName() != r.Name {
+		return nil, &Error{Kind: "cluster_load_assignment", Name: r.Name, Field: "cluster_name", Err: fmt.Errorf("%q differs from the resource name", cla.GetClusterName())}
+	}
+	return c.tr.Endpoints(cla)
 }
 
 // setBackends gives bes to every cluster of the EDS name.
