@@ -40,6 +40,9 @@ type FakeMaps struct {
 	newTables []uint32
 	ranges    map[bpf.L4xdsLbSrcRangeKey]struct{}
 	vips      map[netip.Addr]uint32
+	// failService, if set, is the error of writing a service's entry
+	// (tests of the reconciler's errors).
+	failService func(bpf.L4xdsLbSvcKey) error
 }
 
 var _ mapWriter = (*FakeMaps)(nil)
@@ -80,8 +83,32 @@ func (f *FakeMaps) Service(fe lb.L3n4Addr) (ServiceEntry, bool) {
 func (f *FakeMaps) putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.failService != nil {
+		if err := f.failService(key); err != nil {
+			return err
+		}
+	}
 	f.services[key] = v
 	return nil
+}
+
+// putServices stops at the first entry that fails, as the kernel's batch.
+func (f *FakeMaps) putServices(keys []bpf.L4xdsLbSvcKey, values []bpf.L4xdsLbSvc) (int, error) {
+	for i := range keys {
+		if err := f.putService(keys[i], values[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(keys), nil
+}
+
+func (f *FakeMaps) putVIPs(vips []netip.Addr, counts []uint32) (int, error) {
+	for i, vip := range vips {
+		if err := f.setVIP(vip, counts[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(vips), nil
 }
 
 func (f *FakeMaps) deleteService(key bpf.L4xdsLbSvcKey, _ uint32) error {

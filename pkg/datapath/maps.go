@@ -58,6 +58,7 @@ type Maps struct {
 	parked map[[4]uint32]struct{}
 
 	// Buffers of the writes.
+	vipKeys    [][4]uint32
 	batchKeys  []uint32
 	batchFDs   []uint32
 	zeroCounts []bpf.L4xdsLbStats
@@ -378,6 +379,11 @@ type mapWriter interface {
 	deleteSourceRange(svcID uint32, p netip.Prefix) error
 	setVIP(vip netip.Addr, n uint32) error
 	zeroStats(svcID uint32) error
+	// The writes of many services in one batch: the first n entries
+	// are written, and err is entry n's error (n < len(keys)); the rest
+	// are not tried. See eachBatch.
+	putServices(keys []bpf.L4xdsLbSvcKey, values []bpf.L4xdsLbSvc) (n int, err error)
+	putVIPs(vips []netip.Addr, counts []uint32) (n int, err error)
 }
 
 var _ mapWriter = (*Maps)(nil)
@@ -387,6 +393,27 @@ func (m *Maps) putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {
 		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, v.Id, err)
 	}
 	return nil
+}
+
+// putServices writes the entries of a round's services in one syscall
+// (where the kernel has batch operations), the rest as putService.
+func (m *Maps) putServices(keys []bpf.L4xdsLbSvcKey, values []bpf.L4xdsLbSvc) (int, error) {
+	if len(keys) > 1 {
+		n, err := m.services.BatchUpdate(keys, values, nil)
+		if err == nil {
+			return n, nil
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			n = min(n, len(keys)-1)
+			return n, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, values[n].Id, err)
+		}
+	}
+	for i := range keys {
+		if err := m.putService(keys[i], values[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(keys), nil
 }
 
 func (m *Maps) deleteService(key bpf.L4xdsLbSvcKey, id uint32) error {
@@ -860,6 +887,60 @@ func (m *Maps) setVIP(vip netip.Addr, n uint32) error {
 		delete(m.parked, key)
 	}
 	return nil
+}
+
+// putVIPs writes the counts of VIPs that have services (counts[i] > 0) in
+// one syscall where it can, then takes those parked in l4xds_old_vips out
+// of it, as setVIP. A VIP written before the entry that failed may be
+// written again: the write is the same.
+func (m *Maps) putVIPs(vips []netip.Addr, counts []uint32) (int, error) {
+	keys := m.vipKeys[:0]
+	for _, vip := range vips {
+		keys = append(keys, addrToBPF(vip))
+	}
+	m.vipKeys = keys
+	written := 0
+	if len(keys) > 1 {
+		n, err := m.vips.BatchUpdate(keys, counts, nil)
+		switch {
+		case err == nil:
+			written = n
+		case !errors.Is(err, ebpf.ErrNotSupported):
+			n = min(n, len(keys)-1)
+			err = fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[n], err)
+			if i, perr := m.unparkVIPs(vips[:n], keys[:n]); perr != nil {
+				return i, perr
+			}
+			return n, err
+		}
+	}
+	for i := written; i < len(vips); i++ {
+		if err := m.vips.Put(&keys[i], counts[i]); err != nil {
+			if j, perr := m.unparkVIPs(vips[:i], keys[:i]); perr != nil {
+				return j, perr
+			}
+			return i, fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[i], err)
+		}
+	}
+	return m.unparkVIPs(vips, keys)
+}
+
+// unparkVIPs deletes the VIPs just written from l4xds_old_vips, those that
+// are parked there: the first n are done, and err is entry n's error.
+func (m *Maps) unparkVIPs(vips []netip.Addr, keys [][4]uint32) (int, error) {
+	if m.oldVIPs == nil {
+		return len(vips), nil
+	}
+	for i, key := range keys {
+		if !m.parkedVIP(key) {
+			continue
+		}
+		if err := m.oldVIPs.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return i, fmt.Errorf("delete from %s: %s: %w", bpf.L4xdsMapL4xdsOldVips, vips[i], err)
+		}
+		delete(m.parked, key)
+	}
+	return len(vips), nil
 }
 
 // parkedVIP reports whether l4xds_old_vips may hold key: what the map held

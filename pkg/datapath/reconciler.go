@@ -45,6 +45,13 @@ type ops struct {
 	beIDs    []uint32
 	beValues []bpf.L4xdsLbBackend
 	beAddrs  []netip.AddrPort
+	// The steps a round finishes, and the entries it writes in batches.
+	live        []*step
+	batchSteps  []*step
+	batchVIPs   []netip.Addr
+	batchCounts []uint32
+	batchKeys   []bpf.L4xdsLbSvcKey
+	batchValues []bpf.L4xdsLbSvc
 
 	// rangesReserved are the source-range map entries that the round's
 	// prepared frontends will add once finished (see fits).
@@ -171,25 +178,29 @@ func (o *ops) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reco
 	o.steps = steps
 
 	err := o.maps.insertMaglevs()
+	live := o.live[:0]
 	for i := range steps {
 		st := &steps[i]
 		if st.newTable {
 			if err != nil {
 				st.svc.table = tableUnknown
-				st.entry.Result = fmt.Errorf("frontend %s: %w", st.entry.Object.Address, err)
+				st.fail(err)
 				continue
 			}
 			st.svc.table = tableWritten
 		}
-		if err := o.finish(st); err != nil {
-			st.entry.Result = fmt.Errorf("frontend %s: %w", st.entry.Object.Address, err)
-			continue
-		}
-		if o.written != nil {
-			o.written(st.entry.Object.Address)
-		}
+		live = append(live, st)
 	}
+	o.finish(live)
+	clear(live)
+	o.live = live[:0]
 	clear(o.steps)
+}
+
+// fail records the error of the step's frontend.
+func (st *step) fail(err error) {
+	st.entry.Result = fmt.Errorf("frontend %s: %w", st.entry.Object.Address, err)
+	st.failed = true
 }
 
 // step is one frontend's update between its two halves.
@@ -214,6 +225,10 @@ type step struct {
 	ranges    []netip.Prefix
 	// removed are the backends no longer listed.
 	removed []netip.AddrPort
+	// failed: entry.Result says why; finish writes no more of it.
+	failed bool
+	// value is the service entry finish writes.
+	value bpf.L4xdsLbSvc
 }
 
 // prepare writes the frontend's backends, new ones first (a Maglev table
@@ -416,65 +431,129 @@ func (o *ops) rangesFit(fe *lb.Frontend, svc *service, d *desiredService) error 
 	return nil
 }
 
-// finish writes the rest once the table is in: the source ranges, the
-// service entry that enables them, then what is no longer listed. A
-// service with source ranges fails closed: if its ranges cannot all be
+// finish writes the rest of a round's frontends once their tables are in:
+// for each, its VIP's count, its source ranges, the service entry that
+// enables them, then what is no longer listed. The VIP counts, then the
+// service entries, of the whole round are written in one batch each
+// (eachBatch); a write that fails is the error of its frontend alone, and
+// the frontend's later writes are not made.
+//
+// A service with source ranges fails closed: if its ranges cannot all be
 // written (or a range no longer listed deleted), its entry is removed, so
 // that no client is served, rather than left admitting clients the ranges
 // do not (yet, or no longer) name; the retry writes the ranges, then the
 // entry.
-func (o *ops) finish(st *step) error {
-	svc, force := st.svc, st.force
-
+func (o *ops) finish(steps []*step) {
 	// The VIP's count changes only with a new service (or a delete).
 	// Written first: until the service's entry is, packets to the VIP are
 	// dropped, not passed to the stack.
-	if st.isNew || force {
-		if err := o.maps.setVIP(svc.frontend.Addr, o.reg.vips[svc.frontend.Addr]); err != nil {
-			return err
+	vipSteps, vips, counts := o.batchSteps[:0], o.batchVIPs[:0], o.batchCounts[:0]
+	for _, st := range steps {
+		if st.isNew || st.force {
+			addr := st.svc.frontend.Addr
+			vipSteps, vips, counts = append(vipSteps, st), append(vips, addr), append(counts, o.reg.vips[addr])
 		}
 	}
+	eachBatch(vipSteps, func(lo int) (int, error) { return o.maps.putVIPs(vips[lo:], counts[lo:]) }, nil)
 
-	ranged := st.flags&svcFlagSourceRanges != 0
-	if ranged {
-		// The ranges no longer listed first: they admit no one from now
-		// on, and make room for the new ones.
-		for p := range svc.ranges {
-			if !slices.Contains(st.ranges, p) {
-				if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
-					return o.closeService(svc, err)
-				}
-				o.reg.removeRange(svc, p)
+	entrySteps, keys, values := vipSteps[:0], o.batchKeys[:0], o.batchValues[:0]
+	for _, st := range steps {
+		if st.failed {
+			continue
+		}
+		if err := o.writeRanges(st); err != nil {
+			st.fail(err)
+			continue
+		}
+		svc := st.svc
+		v := bpf.L4xdsLbSvc{Id: svc.id, Flags: st.flags, Count: uint32(st.usable), AffinityTimeout: st.affinityTimeout, BackendId: st.single}
+		if st.force || !svc.written || svc.value != v {
+			st.value = v
+			entrySteps, keys, values = append(entrySteps, st), append(keys, svc.key), append(values, v)
+			continue
+		}
+		o.finishRest(st)
+	}
+	eachBatch(entrySteps, func(lo int) (int, error) { return o.maps.putServices(keys[lo:], values[lo:]) }, func(st *step) {
+		st.svc.value, st.svc.written = st.value, true
+		o.finishRest(st)
+	})
+
+	clear(entrySteps[:cap(entrySteps)])
+	o.batchSteps, o.batchVIPs, o.batchCounts, o.batchKeys, o.batchValues = entrySteps[:0], vips[:0], counts[:0], keys[:0], values[:0]
+}
+
+// eachBatch writes one entry per step with write, which writes the entries
+// from lo on as one batch: the first n of them are written, and err is the
+// error of the next, whose step fails; the batch then goes on after it.
+// done, if set, is called for each step whose entry is written.
+func eachBatch(steps []*step, write func(lo int) (n int, err error), done func(*step)) {
+	for lo := 0; lo < len(steps); {
+		n, err := write(lo)
+		if done != nil {
+			for _, st := range steps[lo : lo+n] {
+				done(st)
 			}
 		}
-		for _, p := range st.ranges {
-			_, held := svc.ranges[p]
-			if held && !force {
-				continue
-			}
-			err := o.maps.putSourceRange(svc.id, p)
-			// A refresh's rewrite of a range the map holds: Linux
-			// before 6.14 refuses any update of a full LPM trie, the
-			// rewrite of a held entry included. The entry is there, and
-			// a range missing could only admit fewer clients.
-			if held && errors.Is(err, syscall.ENOSPC) {
-				continue
-			}
-			if err != nil {
+		if err == nil {
+			return
+		}
+		steps[lo+n].fail(err)
+		lo += n + 1
+	}
+}
+
+// writeRanges writes the source ranges of a service that has them, the
+// ones no longer listed first: they admit no one from now on, and make
+// room for the new ones.
+func (o *ops) writeRanges(st *step) error {
+	svc, force := st.svc, st.force
+	if st.flags&svcFlagSourceRanges == 0 {
+		return nil
+	}
+	for p := range svc.ranges {
+		if !slices.Contains(st.ranges, p) {
+			if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
 				return o.closeService(svc, err)
 			}
-			o.reg.addRange(svc, p)
+			o.reg.removeRange(svc, p)
 		}
 	}
-
-	v := bpf.L4xdsLbSvc{Id: svc.id, Flags: st.flags, Count: uint32(st.usable), AffinityTimeout: st.affinityTimeout, BackendId: st.single}
-	if force || !svc.written || svc.value != v {
-		if err := o.maps.putService(svc.key, v); err != nil {
-			return err
+	for _, p := range st.ranges {
+		_, held := svc.ranges[p]
+		if held && !force {
+			continue
 		}
-		svc.value, svc.written = v, true
+		err := o.maps.putSourceRange(svc.id, p)
+		// A refresh's rewrite of a range the map holds: Linux before
+		// 6.14 refuses any update of a full LPM trie, the rewrite of a
+		// held entry included. The entry is there, and a range missing
+		// could only admit fewer clients.
+		if held && errors.Is(err, syscall.ENOSPC) {
+			continue
+		}
+		if err != nil {
+			return o.closeService(svc, err)
+		}
+		o.reg.addRange(svc, p)
 	}
+	return nil
+}
 
+// finishRest writes what follows the service entry, and tells Hooks.Written.
+func (o *ops) finishRest(st *step) {
+	if err := o.afterEntry(st); err != nil {
+		st.fail(err)
+		return
+	}
+	if o.written != nil {
+		o.written(st.entry.Object.Address)
+	}
+}
+
+// afterEntry removes what the service entry no longer names.
+func (o *ops) afterEntry(st *step) error {
+	svc, force := st.svc, st.force
 	// With count 0, or a single backend, written, the table is no longer
 	// read.
 	if st.tableless && (force || svc.table != tableNone) {
@@ -486,7 +565,7 @@ func (o *ops) finish(st *step) error {
 
 	// Without source ranges the entry admits every client: the ranges
 	// left are no longer read.
-	if !ranged {
+	if st.flags&svcFlagSourceRanges == 0 {
 		for p := range svc.ranges {
 			if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
 				return err
