@@ -198,4 +198,4 @@ func (f *FakeMaps) setVIP(vip netip.Addr, n uint32) error {
 	return nil
 }
 
-func (f *FakeMaps) zeroStats(uint32) error { return nil }
+func (f *FakeMaps) zeroStats(ids []uint32) (int, error) { return len(ids), nil }

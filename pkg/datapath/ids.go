@@ -74,6 +74,9 @@ type service struct {
 	// value is the l4xds_services entry, valid when written.
 	value   bpf.L4xdsLbSvc
 	written bool
+	// zeroed: the ID's counters are the service's, cleared when it got
+	// the ID (or restored with it).
+	zeroed bool
 	// table says whether l4xds_maglev has a table for the service;
 	// tableCount is the number of its entries: the backends of non-zero
 	// backend.weight, and the reject share if its weight, reject, is not 0.
@@ -272,7 +275,7 @@ func (r *registry) restoreService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error
 		return fmt.Errorf("frontend %s: service %w", fe, err)
 	}
 	svc := r.add(v.Id, fe, key)
-	svc.value, svc.written = v, true
+	svc.value, svc.written, svc.zeroed = v, true, true
 	return nil
 }
 

@@ -378,7 +378,8 @@ type mapWriter interface {
 	putSourceRange(svcID uint32, p netip.Prefix) error
 	deleteSourceRange(svcID uint32, p netip.Prefix) error
 	setVIP(vip netip.Addr, n uint32) error
-	zeroStats(svcID uint32) error
+	// zeroStats clears the counters of service IDs, as the batches above.
+	zeroStats(svcIDs []uint32) (n int, err error)
 	// The writes of many services in one batch: the first n entries
 	// are written, and err is entry n's error (n < len(keys)); the rest
 	// are not tried. See eachBatch.
@@ -975,13 +976,26 @@ func (m *Maps) park(key [4]uint32) {
 	m.parked[key] = struct{}{}
 }
 
-// zeroStats clears the counters of a service ID before it is reused.
-func (m *Maps) zeroStats(svcID uint32) error {
-	if len(m.zeroCounts) != m.possibleCPU {
-		m.zeroCounts = make([]bpf.L4xdsLbStats, m.possibleCPU)
+// zeroStats clears the counters of service IDs before they are reused, in
+// one syscall where it can.
+func (m *Maps) zeroStats(svcIDs []uint32) (int, error) {
+	if need := len(svcIDs) * m.possibleCPU; len(m.zeroCounts) < need {
+		m.zeroCounts = make([]bpf.L4xdsLbStats, need)
 	}
-	if err := m.stats.Put(svcID, m.zeroCounts); err != nil {
-		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, svcID, err)
+	if len(svcIDs) > 1 {
+		n, err := m.stats.BatchUpdate(svcIDs, m.zeroCounts[:len(svcIDs)*m.possibleCPU], nil)
+		if err == nil {
+			return n, nil
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			n = min(n, len(svcIDs)-1)
+			return n, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, svcIDs[n], err)
+		}
 	}
-	return nil
+	for i, id := range svcIDs {
+		if err := m.stats.Put(id, m.zeroCounts[:m.possibleCPU]); err != nil {
+			return i, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, id, err)
+		}
+	}
+	return len(svcIDs), nil
 }

@@ -48,6 +48,7 @@ type ops struct {
 	// The steps a round finishes, and the entries it writes in batches.
 	live        []*step
 	batchSteps  []*step
+	batchIDs    []uint32
 	batchVIPs   []netip.Addr
 	batchCounts []uint32
 	batchKeys   []bpf.L4xdsLbSvcKey
@@ -246,13 +247,6 @@ func (o *ops) prepare(st *step) (err error) {
 	if err != nil {
 		return err
 	}
-	if isNew {
-		// A freed ID's counters belong to the service that had it.
-		if err := o.maps.zeroStats(svc.id); err != nil {
-			o.reg.remove(svc)
-			return err
-		}
-	}
 	st.svc, st.isNew = svc, isNew
 	defer func() {
 		// The backends' weights may be ahead of the table: rewrite it.
@@ -444,12 +438,27 @@ func (o *ops) rangesFit(fe *lb.Frontend, svc *service, d *desiredService) error 
 // do not (yet, or no longer) name; the retry writes the ranges, then the
 // entry.
 func (o *ops) finish(steps []*step) {
-	// The VIP's count changes only with a new service (or a delete).
+	// A freed ID's counters belong to the service that had it: a new
+	// service's are cleared before its entry counts anything.
+	zeroSteps, ids := o.batchSteps[:0], o.batchIDs[:0]
+	for _, st := range steps {
+		if !st.svc.zeroed {
+			zeroSteps, ids = append(zeroSteps, st), append(ids, st.svc.id)
+		}
+	}
+	eachBatch(zeroSteps, func(lo int) (int, error) { return o.maps.zeroStats(ids[lo:]) }, func(st *step) { st.svc.zeroed = true })
+	o.batchIDs = ids[:0]
+
+	// The VIP's count changes only with a new service (or a delete); it
+	// is written again while the service's entry is not (a retry).
 	// Written first: until the service's entry is, packets to the VIP are
 	// dropped, not passed to the stack.
-	vipSteps, vips, counts := o.batchSteps[:0], o.batchVIPs[:0], o.batchCounts[:0]
+	vipSteps, vips, counts := zeroSteps[:0], o.batchVIPs[:0], o.batchCounts[:0]
 	for _, st := range steps {
-		if st.isNew || st.force {
+		if st.failed {
+			continue
+		}
+		if st.isNew || st.force || !st.svc.written {
 			addr := st.svc.frontend.Addr
 			vipSteps, vips, counts = append(vipSteps, st), append(vips, addr), append(counts, o.reg.vips[addr])
 		}
