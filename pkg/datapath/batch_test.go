@@ -16,9 +16,9 @@ import (
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
 )
 
-// The service entries of a round are written in one batch; an entry that
-// fails is the error of its frontend alone: the entries before and after
-// it are written, and the frontend's retry writes it.
+// The backend and service entries of a round are written in batches; an
+// entry that fails is the error of its frontend alone: the entries before
+// and after it are written, and the frontend's retry writes it.
 func TestABatchWriteFailsItsFrontendAlone(t *testing.T) {
 	db := statedb.New()
 	w, err := lb.NewWriter(db)
@@ -44,7 +44,7 @@ func TestABatchWriteFailsItsFrontendAlone(t *testing.T) {
 	}
 	rtxn := txn.Commit()
 
-	failing := fe("10.0.0.3:80/TCP")
+	failing, failingBackend := fe("10.0.0.3:80/TCP"), fe("10.0.0.2:80/TCP")
 	failingKey, err := svcKeyToBPF(failing)
 	if err != nil {
 		t.Fatal(err)
@@ -52,6 +52,12 @@ func TestABatchWriteFailsItsFrontendAlone(t *testing.T) {
 	injected := errors.New("injected")
 	fake.failService = func(k bpf.L4xdsLbSvcKey) error {
 		if k == failingKey {
+			return injected
+		}
+		return nil
+	}
+	fake.failBackend = func(v bpf.L4xdsLbBackend) error {
+		if backendAddrFromBPF(v) == netip.MustParseAddrPort("192.168.0.2:80") {
 			return injected
 		}
 		return nil
@@ -64,8 +70,8 @@ func TestABatchWriteFailsItsFrontendAlone(t *testing.T) {
 	for _, e := range batch {
 		addr := e.Object.Address
 		entry, written := fake.Service(addr)
-		if addr == failing {
-			if want := "frontend 10.0.0.3:80/TCP: injected"; e.Result == nil || e.Result.Error() != want || !errors.Is(e.Result, injected) {
+		if addr == failing || addr == failingBackend {
+			if want := "frontend " + addr.String() + ": injected"; e.Result == nil || e.Result.Error() != want || !errors.Is(e.Result, injected) {
 				t.Errorf("frontend %s: error %v, want %q", addr, e.Result, want)
 			}
 			if written {
@@ -78,16 +84,20 @@ func TestABatchWriteFailsItsFrontendAlone(t *testing.T) {
 		}
 	}
 
-	fake.failService = nil
+	if c := fake.Counts(); c.Backends != n-1 {
+		t.Errorf("%d backend entries, want %d: all but the one that failed", c.Backends, n-1)
+	}
+
+	fake.failService, fake.failBackend = nil, nil
 	for _, e := range batch {
-		if e.Object.Address == failing {
+		if a := e.Object.Address; a == failing || a == failingBackend {
 			if err := o.Update(context.Background(), rtxn, e.Revision, e.Object); err != nil {
-				t.Fatalf("retry of %s: %v", failing, err)
+				t.Fatalf("retry of %s: %v", a, err)
+			}
+			if entry, ok := fake.Service(a); !ok || entry.Count != 1 {
+				t.Errorf("after the retry, frontend %s: %+v (written %v)", a, entry, ok)
 			}
 		}
-	}
-	if entry, ok := fake.Service(failing); !ok || entry.Count != 1 {
-		t.Errorf("after the retry, frontend %s: %+v (written %v)", failing, entry, ok)
 	}
 	if c := fake.Counts(); c.Services != n || c.Backends != n || c.VIPs != n {
 		t.Errorf("maps %+v, want %d services, backends and VIPs", c, n)

@@ -43,6 +43,8 @@ type FakeMaps struct {
 	// failService, if set, is the error of writing a service's entry
 	// (tests of the reconciler's errors).
 	failService func(bpf.L4xdsLbSvcKey) error
+	// failBackend, if set, is the error of writing a backend's entry.
+	failBackend func(bpf.L4xdsLbBackend) error
 }
 
 var _ mapWriter = (*FakeMaps)(nil)
@@ -118,13 +120,18 @@ func (f *FakeMaps) deleteService(key bpf.L4xdsLbSvcKey, _ uint32) error {
 	return nil
 }
 
-func (f *FakeMaps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) error {
+func (f *FakeMaps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i, id := range ids {
+		if f.failBackend != nil {
+			if err := f.failBackend(values[i]); err != nil {
+				return i, err
+			}
+		}
 		f.backends[id] = values[i]
 	}
-	return nil
+	return len(ids), nil
 }
 
 func (f *FakeMaps) deleteBackend(id uint32) error {

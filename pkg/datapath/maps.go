@@ -368,7 +368,7 @@ func (m *Maps) ServiceStats(svcID uint32) (Stats, error) {
 type mapWriter interface {
 	putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error
 	deleteService(key bpf.L4xdsLbSvcKey, id uint32) error
-	putBackends(ids []uint32, values []bpf.L4xdsLbBackend) error
+	putBackends(ids []uint32, values []bpf.L4xdsLbBackend) (n int, err error)
 	deleteBackend(id uint32) error
 	newMaglev(svcID uint32, table []uint32) error
 	buildMaglev(svcID uint32, b *maglevBuilder, size uint32) error
@@ -432,25 +432,25 @@ func (m *Maps) putBackend(id uint32, v bpf.L4xdsLbBackend) error {
 }
 
 // putBackends writes the entries in one batch where the kernel supports
-// it: a service's hundred backends are one syscall, not a hundred.
-func (m *Maps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) error {
-	if len(ids) == 1 {
-		return m.putBackend(ids[0], values[0])
-	}
-	n, err := m.backends.BatchUpdate(ids, values, nil)
-	if errors.Is(err, ebpf.ErrNotSupported) {
-		for i, id := range ids {
-			if err := m.putBackend(id, values[i]); err != nil {
-				return err
-			}
+// it: a service's hundred backends are one syscall, not a hundred. The
+// first n are written; err is entry n's error.
+func (m *Maps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) (int, error) {
+	if len(ids) > 1 {
+		n, err := m.backends.BatchUpdate(ids, values, nil)
+		if err == nil {
+			return n, nil
 		}
-		return nil
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			n = min(n, len(ids)-1)
+			return n, fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(values[n]), ids[n], err)
+		}
 	}
-	if err != nil {
-		n = min(n, len(ids)-1)
-		return fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(values[n]), ids[n], err)
+	for i, id := range ids {
+		if err := m.putBackend(id, values[i]); err != nil {
+			return i, err
+		}
 	}
-	return nil
+	return len(ids), nil
 }
 
 func (m *Maps) deleteBackend(id uint32) error {

@@ -178,10 +178,14 @@ func (o *ops) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reco
 	}
 	o.steps = steps
 
+	o.writeBackends(steps)
 	err := o.maps.insertMaglevs()
 	live := o.live[:0]
 	for i := range steps {
 		st := &steps[i]
+		if st.failed {
+			continue
+		}
 		if st.newTable {
 			if err != nil {
 				st.svc.table = tableUnknown
@@ -228,6 +232,9 @@ type step struct {
 	removed []netip.AddrPort
 	// failed: entry.Result says why; finish writes no more of it.
 	failed bool
+	// beLo and beHi are its backend entries in the round's ops.beIDs,
+	// for writeBackends: those of a service without a table.
+	beLo, beHi int
 	// value is the service entry finish writes.
 	value bpf.L4xdsLbSvc
 }
@@ -265,10 +272,13 @@ func (o *ops) prepare(st *step) (err error) {
 	// weight: a backend left out of the loop below leaves it if the
 	// count of those in it differs.
 	changed := force || svc.table != tableWritten || svc.tableCount != uint32(entries) || svc.reject != d.reject
-	ids, values, addrs := o.beIDs[:0], o.beValues[:0], o.beAddrs[:0]
+	lo := len(o.beIDs)
+	ids, values, addrs := o.beIDs, o.beValues, o.beAddrs
 	for _, want := range d.backends {
 		be, err := o.reg.backend(svc, want.addr)
 		if err != nil {
+			unwritten(svc, addrs[lo:])
+			o.beIDs, o.beValues, o.beAddrs = ids[:lo], values[:lo], addrs[:lo]
 			return err
 		}
 		standby := want.state == lb.BackendStateActive && !want.usable
@@ -296,13 +306,18 @@ func (o *ops) prepare(st *step) (err error) {
 		svc.backends.set(want.addr, be)
 	}
 	o.beIDs, o.beValues, o.beAddrs = ids, values, addrs
-	if len(ids) > 0 {
-		if err := o.maps.putBackends(ids, values); err != nil {
-			for _, addr := range addrs {
-				if i, ok := svc.backends.find(addr); ok {
-					svc.backends[i].written = false
-				}
-			}
+	switch {
+	case len(ids) == lo:
+	case st.tableless:
+		// No table names them: written with the round's (writeBackends),
+		// before any entry.
+		st.beLo, st.beHi = lo, len(ids)
+	default:
+		// Before the table that names them.
+		_, err := o.maps.putBackends(ids[lo:], values[lo:])
+		o.beIDs, o.beValues, o.beAddrs = ids[:lo], values[:lo], addrs[:lo]
+		if err != nil {
+			unwritten(svc, addrs[lo:])
 			return err
 		}
 	}
@@ -351,6 +366,45 @@ func (o *ops) prepare(st *step) (err error) {
 	}
 	st.newTable = true
 	return nil
+}
+
+// unwritten marks backends whose entries may not be written.
+func unwritten(svc *service, addrs []netip.AddrPort) {
+	for _, addr := range addrs {
+		if i, ok := svc.backends.find(addr); ok {
+			svc.backends[i].written = false
+		}
+	}
+}
+
+// writeBackends writes the backend entries that prepare left to the round
+// (those of services without a table) in one batch. An entry that fails is
+// its frontend's error: its service's other entries are not written, and
+// the batch goes on with the next service's.
+func (o *ops) writeBackends(steps []step) {
+	ids, values := o.beIDs, o.beValues
+	next := 0 // the steps before it own entries before lo
+	for lo := 0; lo < len(ids); {
+		n, err := o.maps.putBackends(ids[lo:], values[lo:])
+		if err == nil {
+			break
+		}
+		bad := lo + n
+		for next < len(steps) && steps[next].beHi <= bad {
+			next++
+		}
+		if next == len(steps) {
+			break // no step owns it: cannot happen
+		}
+		st := &steps[next]
+		unwritten(st.svc, o.beAddrs[st.beLo:st.beHi])
+		// The backends' weights may be ahead of the table: rewrite it.
+		st.svc.table = tableUnknown
+		st.fail(err)
+		lo = st.beHi
+	}
+	clear(o.beAddrs)
+	o.beIDs, o.beValues, o.beAddrs = ids[:0], values[:0], o.beAddrs[:0]
 }
 
 // fits reports why a frontend's desired state does not fit the maps, before
