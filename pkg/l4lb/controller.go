@@ -364,11 +364,10 @@ func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
 // backends of all their clusters set at once. A resource is rejected with
 // the first error of its clusters.
 func (c *Controller) upsertEndpointsOf(txn backendsOfMany, upserted []xds.Resource, rejected map[string]error) {
-	var (
-		sets []loadbalancer.ServiceBackends
-		// The resource and cluster of each set.
-		from []struct{ eds, cluster string }
-	)
+	// Nearly always one cluster per resource.
+	sets := make([]loadbalancer.ServiceBackends, 0, len(upserted))
+	// The resource and cluster of each set.
+	from := make([]struct{ eds, cluster string }, 0, len(upserted))
 	for _, r := range upserted {
 		// The server has answered, if badly: a broken CLA must not hold
 		// back the initialization of every other service.
