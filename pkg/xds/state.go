@@ -100,17 +100,40 @@ type entry struct {
 	// that server only.
 	server string
 	state  ResourceState
-	// err and rejected are why and what was last rejected, so that a
-	// server resending the same bad resource does not bother the handler
-	// unless something else changed.
-	err      string
-	rejected fingerprint
+	// rej is what was last rejected, nil if nothing is (nearly always:
+	// an entry of every resource is kept, and a rejection is rare).
+	rej     *rejection
+	updated time.Time
+}
+
+// rejection is why and what was last rejected of a resource.
+type rejection struct {
+	// err and sum are why and what was last rejected, so that a server
+	// resending the same bad resource does not bother the handler unless
+	// something else changed.
+	err string
+	sum fingerprint
 	// offer is the decoded rejected resource when the handler rejected it
 	// (rather than the decoding), so that it is offered again with the
 	// next update of the type: its validity may depend on other resources
 	// (a VIP another cluster holds), and a Delta server never resends it.
-	offer   *Resource
-	updated time.Time
+	offer *Resource
+}
+
+// errMsg is why the last version received was rejected, if it was.
+func (e *entry) errMsg() string {
+	if e.rej == nil {
+		return ""
+	}
+	return e.rej.err
+}
+
+// offer is the rejected resource to offer again, if any.
+func (e *entry) offer() *Resource {
+	if e.rej == nil {
+		return nil
+	}
+	return e.rej.offer
 }
 
 func (e *entry) row(typeURL, name string) *ResourceStatus {
@@ -119,7 +142,7 @@ func (e *entry) row(typeURL, name string) *ResourceStatus {
 		Name:    name,
 		Version: e.version,
 		State:   e.state,
-		Error:   e.err,
+		Error:   e.errMsg(),
 		Updated: e.updated,
 	}
 }
@@ -279,10 +302,10 @@ func (c *Client) decode(ts *typeState, slice []rawResource, first int, typeURL s
 				if a.delta {
 					e.version, e.server = raw.version, c.current.address
 				}
-				e.state, e.err, e.rejected, e.offer, e.updated = StateAcked, "", fingerprint{}, nil, a.now
+				e.state, e.rej, e.updated = StateAcked, nil, a.now
 				a.touched = append(a.touched, name)
 			}
-		case e != nil && e.rejected.valid() && e.rejected == value:
+		case e != nil && e.rej != nil && e.rej.sum.valid() && e.rej.sum == value:
 			a.changed[name] = value
 			a.again = append(a.again, r)
 		default:
@@ -347,7 +370,7 @@ func (c *Client) keepDeleted(ts *typeState, name string, e *entry, a *applied) b
 		// What is kept is the accepted version; a rejected one of a
 		// resource the server no longer has is not offered again.
 		e.state, e.updated = StateDeletionIgnored, a.now
-		e.err, e.rejected, e.offer = "", fingerprint{}, nil
+		e.rej = nil
 		a.touched = append(a.touched, name)
 	}
 	return true
@@ -412,7 +435,7 @@ func (c *Client) deliverSlice(ctx context.Context, ts *typeState, a *applied) {
 func (c *Client) deliverChanges(ctx context.Context, ts *typeState, a *applied) {
 	if len(a.upserted) == 0 && len(a.removed) == 0 {
 		for _, r := range a.again {
-			a.reject(r, ts.entries[r.Name].err)
+			a.reject(r, ts.entries[r.Name].errMsg())
 		}
 		return
 	}
@@ -454,8 +477,8 @@ func (c *Client) recordOutcome(ts *typeState, a *applied) {
 			continue
 		}
 		e := ts.entry(name)
-		e.err, e.rejected, e.offer, e.updated = msg, a.badSums[name], a.offers[name], a.now
-		ts.offering = ts.offering || e.offer != nil
+		e.rej, e.updated = &rejection{err: msg, sum: a.badSums[name], offer: a.offers[name]}, a.now
+		ts.offering = ts.offering || e.rej.offer != nil
 		e.state = StateNacked
 		if e.accepted.valid() {
 			e.state = StateNackedButCached
@@ -552,12 +575,12 @@ func (c *Client) deliver(ctx context.Context, ts *typeState, earlier, upserted [
 		// resource among thousands must not walk them all.
 		ts.offering = false
 		for name, e := range ts.entries {
-			if e.offer == nil {
+			if e.offer() == nil {
 				continue
 			}
 			ts.offering = true
 			if _, ok := in[name]; !ok {
-				offered = append(offered, *e.offer)
+				offered = append(offered, *e.offer())
 			}
 		}
 	}
@@ -576,15 +599,15 @@ func (c *Client) deliver(ctx context.Context, ts *typeState, earlier, upserted [
 		e := ts.entries[r.Name]
 		if err := rej[r.Name]; err != nil {
 			delete(rej, r.Name)
-			if msg := clip(err.Error()); msg != e.err {
-				e.err, e.updated = msg, now
+			if msg := clip(err.Error()); msg != e.rej.err {
+				e.rej.err, e.updated = msg, now
 				touched = append(touched, r.Name)
 			}
 			continue
 		}
 		c.log.Info("Rejected xDS resource accepted on a later update",
 			"type", ShortTypeName(ts.url), "name", r.Name, "version", r.Version)
-		*e = entry{accepted: e.rejected, version: r.Version, state: StateAcked, updated: now}
+		*e = entry{accepted: e.rej.sum, version: r.Version, state: StateAcked, updated: now}
 		ts.stopDeadline(r.Name)
 		touched = append(touched, r.Name)
 	}
