@@ -292,7 +292,16 @@ func (w *Writer) setBackends(txn WriteTxn, source Source, sets []ServiceBackends
 	clear(staleBuf)
 	clear(feBuf)
 	w.plans, w.staleBuf, w.feBuf = plans[:0], staleBuf[:0], feBuf[:0]
+	if cap(plans) > keptScratch {
+		// A large batch (the first state of thousands of services) does
+		// not leave its room behind.
+		w.plans, w.staleBuf, w.feBuf = nil, nil, nil
+	}
 }
+
+// keptScratch is the largest number of services whose scratch space the
+// writer keeps from one batch to the next.
+const keptScratch = 1024
 
 // planBackends validates one set and finds, without writing, the rows to
 // delete and to write and the frontends to refresh.
