@@ -40,6 +40,11 @@ type FakeMaps struct {
 	newTables []uint32
 	ranges    map[bpf.L4xdsLbSrcRangeKey]struct{}
 	vips      map[netip.Addr]uint32
+	// failService, if set, is the error of writing a service's entry
+	// (tests of the reconciler's errors).
+	failService func(bpf.L4xdsLbSvcKey) error
+	// failBackend, if set, is the error of writing a backend's entry.
+	failBackend func(bpf.L4xdsLbBackend) error
 }
 
 var _ mapWriter = (*FakeMaps)(nil)
@@ -80,8 +85,32 @@ func (f *FakeMaps) Service(fe lb.L3n4Addr) (ServiceEntry, bool) {
 func (f *FakeMaps) putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.failService != nil {
+		if err := f.failService(key); err != nil {
+			return err
+		}
+	}
 	f.services[key] = v
 	return nil
+}
+
+// putServices stops at the first entry that fails, as the kernel's batch.
+func (f *FakeMaps) putServices(keys []bpf.L4xdsLbSvcKey, values []bpf.L4xdsLbSvc) (int, error) {
+	for i := range keys {
+		if err := f.putService(keys[i], values[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(keys), nil
+}
+
+func (f *FakeMaps) putVIPs(vips []netip.Addr, counts []uint32) (int, error) {
+	for i, vip := range vips {
+		if err := f.setVIP(vip, counts[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(vips), nil
 }
 
 func (f *FakeMaps) deleteService(key bpf.L4xdsLbSvcKey, _ uint32) error {
@@ -91,13 +120,18 @@ func (f *FakeMaps) deleteService(key bpf.L4xdsLbSvcKey, _ uint32) error {
 	return nil
 }
 
-func (f *FakeMaps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) error {
+func (f *FakeMaps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i, id := range ids {
+		if f.failBackend != nil {
+			if err := f.failBackend(values[i]); err != nil {
+				return i, err
+			}
+		}
 		f.backends[id] = values[i]
 	}
-	return nil
+	return len(ids), nil
 }
 
 func (f *FakeMaps) deleteBackend(id uint32) error {
@@ -171,4 +205,4 @@ func (f *FakeMaps) setVIP(vip netip.Addr, n uint32) error {
 	return nil
 }
 
-func (f *FakeMaps) zeroStats(uint32) error { return nil }
+func (f *FakeMaps) zeroStats(ids []uint32) (int, error) { return len(ids), nil }

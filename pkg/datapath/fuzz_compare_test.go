@@ -54,7 +54,7 @@ func fzReset(t *testing.T, dp *Datapath) {
 		}
 	}
 	for id := range uint32(fzMaxServiceID + 1) {
-		if err := dp.Maps.zeroStats(id); err != nil {
+		if _, err := dp.Maps.zeroStats([]uint32{id}); err != nil {
 			t.Fatal(err)
 		}
 	}

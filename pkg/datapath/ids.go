@@ -5,6 +5,7 @@ package datapath
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
@@ -73,14 +74,17 @@ type service struct {
 	// value is the l4xds_services entry, valid when written.
 	value   bpf.L4xdsLbSvc
 	written bool
+	// zeroed: the ID's counters are the service's, cleared when it got
+	// the ID (or restored with it).
+	zeroed bool
 	// table says whether l4xds_maglev has a table for the service;
 	// tableCount is the number of its entries: the backends of non-zero
 	// backend.weight, and the reject share if its weight, reject, is not 0.
 	table      tableState
 	tableCount uint32
 	reject     uint16
-	// backends are the service's l4xds_backends entries by address.
-	backends map[netip.AddrPort]backend
+	// backends are the service's l4xds_backends entries.
+	backends backendSet
 	// ranges are its l4xds_srcrange entries; nil for none, as most
 	// services have none.
 	ranges map[netip.Prefix]struct{}
@@ -176,7 +180,6 @@ func (r *registry) add(id uint32, fe lb.L3n4Addr, key bpf.L4xdsLbSvcKey) *servic
 		id:       id,
 		frontend: fe,
 		key:      key,
-		backends: map[netip.AddrPort]backend{},
 	}
 	r.services[fe] = svc
 	r.byID[id] = svc
@@ -186,8 +189,8 @@ func (r *registry) add(id uint32, fe lb.L3n4Addr, key bpf.L4xdsLbSvcKey) *servic
 
 // remove forgets a service and frees its IDs.
 func (r *registry) remove(svc *service) {
-	for _, be := range svc.backends {
-		r.backendIDs.release(be.id)
+	for _, e := range svc.backends {
+		r.backendIDs.release(e.id)
 	}
 	r.ranges -= len(svc.ranges)
 	delete(r.services, svc.frontend)
@@ -201,7 +204,7 @@ func (r *registry) remove(svc *service) {
 // backend returns the service's backend at addr, allocating an ID for a
 // new one. Changes to it are kept with setBackend.
 func (r *registry) backend(svc *service, addr netip.AddrPort) (backend, error) {
-	if be, ok := svc.backends[addr]; ok {
+	if be, ok := svc.backends.get(addr); ok {
 		return be, nil
 	}
 	id, err := r.backendIDs.acquire()
@@ -209,14 +212,52 @@ func (r *registry) backend(svc *service, addr netip.AddrPort) (backend, error) {
 		return backend{}, fmt.Errorf("backend %s: allocate a backend ID: %w", addr, err)
 	}
 	be := backend{id: id}
-	svc.backends[addr] = be
+	svc.backends.set(addr, be)
 	return be, nil
 }
 
 func (r *registry) removeBackend(svc *service, addr netip.AddrPort) {
-	if be, ok := svc.backends[addr]; ok {
+	if be, ok := svc.backends.get(addr); ok {
 		r.backendIDs.release(be.id)
-		delete(svc.backends, addr)
+		svc.backends.remove(addr)
+	}
+}
+
+// backendSet is a service's backends sorted by address: a slice, not a
+// map, because most services have a few (a map of one entry costs about
+// ten times the entry), and the reconciler walks a frontend's backends in
+// that order.
+type backendSet []backendEntry
+
+type backendEntry struct {
+	addr netip.AddrPort
+	backend
+}
+
+func (s backendSet) find(addr netip.AddrPort) (int, bool) {
+	return slices.BinarySearchFunc(s, addr, func(e backendEntry, a netip.AddrPort) int { return e.addr.Compare(a) })
+}
+
+func (s backendSet) get(addr netip.AddrPort) (backend, bool) {
+	if i, ok := s.find(addr); ok {
+		return s[i].backend, true
+	}
+	return backend{}, false
+}
+
+// set adds or replaces the backend at addr.
+func (s *backendSet) set(addr netip.AddrPort, be backend) {
+	i, ok := s.find(addr)
+	if ok {
+		(*s)[i].backend = be
+		return
+	}
+	*s = slices.Insert(*s, i, backendEntry{addr, be})
+}
+
+func (s *backendSet) remove(addr netip.AddrPort) {
+	if i, ok := s.find(addr); ok {
+		*s = slices.Delete(*s, i, i+1)
 	}
 }
 
@@ -234,7 +275,7 @@ func (r *registry) restoreService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error
 		return fmt.Errorf("frontend %s: service %w", fe, err)
 	}
 	svc := r.add(v.Id, fe, key)
-	svc.value, svc.written = v, true
+	svc.value, svc.written, svc.zeroed = v, true, true
 	return nil
 }
 
@@ -246,13 +287,13 @@ func (r *registry) restoreBackend(id uint32, v bpf.L4xdsLbBackend) error {
 	if !ok {
 		return fmt.Errorf("backend %s (id %d): service %d does not exist", addr, id, v.SvcId)
 	}
-	if _, dup := svc.backends[addr]; dup {
+	if _, dup := svc.backends.get(addr); dup {
 		return fmt.Errorf("backend %s (id %d): service %d has it already", addr, id, v.SvcId)
 	}
 	if err := r.backendIDs.reserve(id); err != nil {
 		return fmt.Errorf("backend %s: %w", addr, err)
 	}
-	svc.backends[addr] = backend{id: id, state: lb.BackendState(v.State), standby: v.Flags&backendFlagStandby != 0, written: true}
+	svc.backends.set(addr, backend{id: id, state: lb.BackendState(v.State), standby: v.Flags&backendFlagStandby != 0, written: true})
 	return nil
 }
 

@@ -85,9 +85,9 @@ func snapshotOf(r *registry) snapshot {
 	for _, svc := range r.services {
 		s.svcKeys = append(s.svcKeys, svc.key)
 		s.svcs = append(s.svcs, bpf.L4xdsLbSvc{Id: svc.id})
-		for addr, be := range svc.backends {
+		for _, be := range svc.backends {
 			s.beIDs = append(s.beIDs, be.id)
-			s.bes = append(s.bes, backendToBPF(svc.id, addr, lb.BackendStateActive))
+			s.bes = append(s.bes, backendToBPF(svc.id, be.addr, lb.BackendStateActive))
 		}
 		for p := range svc.ranges {
 			s.srcRange = append(s.srcRange, srcRangeToBPF(svc.id, p))

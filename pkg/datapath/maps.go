@@ -51,7 +51,14 @@ type Maps struct {
 	tables   *tableMaker
 	slotKeys []uint32
 
+	// parked are the VIPs in l4xds_old_vips as far as the agent knows:
+	// read from the map once, then kept with its writes. A VIP that comes
+	// back is deleted from it only if parked there, which spares every new
+	// VIP a delete (nil: not read yet; see parkedVIP).
+	parked map[[4]uint32]struct{}
+
 	// Buffers of the writes.
+	vipKeys    [][4]uint32
 	batchKeys  []uint32
 	batchFDs   []uint32
 	zeroCounts []bpf.L4xdsLbStats
@@ -361,7 +368,7 @@ func (m *Maps) ServiceStats(svcID uint32) (Stats, error) {
 type mapWriter interface {
 	putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error
 	deleteService(key bpf.L4xdsLbSvcKey, id uint32) error
-	putBackends(ids []uint32, values []bpf.L4xdsLbBackend) error
+	putBackends(ids []uint32, values []bpf.L4xdsLbBackend) (n int, err error)
 	deleteBackend(id uint32) error
 	newMaglev(svcID uint32, table []uint32) error
 	buildMaglev(svcID uint32, b *maglevBuilder, size uint32) error
@@ -371,7 +378,13 @@ type mapWriter interface {
 	putSourceRange(svcID uint32, p netip.Prefix) error
 	deleteSourceRange(svcID uint32, p netip.Prefix) error
 	setVIP(vip netip.Addr, n uint32) error
-	zeroStats(svcID uint32) error
+	// zeroStats clears the counters of service IDs, as the batches above.
+	zeroStats(svcIDs []uint32) (n int, err error)
+	// The writes of many services in one batch: the first n entries
+	// are written, and err is entry n's error (n < len(keys)); the rest
+	// are not tried. See eachBatch.
+	putServices(keys []bpf.L4xdsLbSvcKey, values []bpf.L4xdsLbSvc) (n int, err error)
+	putVIPs(vips []netip.Addr, counts []uint32) (n int, err error)
 }
 
 var _ mapWriter = (*Maps)(nil)
@@ -381,6 +394,27 @@ func (m *Maps) putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {
 		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, v.Id, err)
 	}
 	return nil
+}
+
+// putServices writes the entries of a round's services in one syscall
+// (where the kernel has batch operations), the rest as putService.
+func (m *Maps) putServices(keys []bpf.L4xdsLbSvcKey, values []bpf.L4xdsLbSvc) (int, error) {
+	if len(keys) > 1 {
+		n, err := m.services.BatchUpdate(keys, values, nil)
+		if err == nil {
+			return n, nil
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			n = min(n, len(keys)-1)
+			return n, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, values[n].Id, err)
+		}
+	}
+	for i := range keys {
+		if err := m.putService(keys[i], values[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(keys), nil
 }
 
 func (m *Maps) deleteService(key bpf.L4xdsLbSvcKey, id uint32) error {
@@ -398,25 +432,25 @@ func (m *Maps) putBackend(id uint32, v bpf.L4xdsLbBackend) error {
 }
 
 // putBackends writes the entries in one batch where the kernel supports
-// it: a service's hundred backends are one syscall, not a hundred.
-func (m *Maps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) error {
-	if len(ids) == 1 {
-		return m.putBackend(ids[0], values[0])
-	}
-	n, err := m.backends.BatchUpdate(ids, values, nil)
-	if errors.Is(err, ebpf.ErrNotSupported) {
-		for i, id := range ids {
-			if err := m.putBackend(id, values[i]); err != nil {
-				return err
-			}
+// it: a service's hundred backends are one syscall, not a hundred. The
+// first n are written; err is entry n's error.
+func (m *Maps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) (int, error) {
+	if len(ids) > 1 {
+		n, err := m.backends.BatchUpdate(ids, values, nil)
+		if err == nil {
+			return n, nil
 		}
-		return nil
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			n = min(n, len(ids)-1)
+			return n, fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(values[n]), ids[n], err)
+		}
 	}
-	if err != nil {
-		n = min(n, len(ids)-1)
-		return fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(values[n]), ids[n], err)
+	for i, id := range ids {
+		if err := m.putBackend(id, values[i]); err != nil {
+			return i, err
+		}
 	}
-	return nil
+	return len(ids), nil
 }
 
 func (m *Maps) deleteBackend(id uint32) error {
@@ -835,6 +869,7 @@ func (m *Maps) setVIP(vip netip.Addr, n uint32) error {
 			if err := m.oldVIPs.Put(&key, uint64(now+m.removedVIPGrace)); err != nil {
 				return fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsOldVips, vip, err)
 			}
+			m.park(key)
 		}
 		if err := m.vips.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete from %s: %s: %w", bpf.L4xdsMapL4xdsVips, vip, err)
@@ -846,21 +881,121 @@ func (m *Maps) setVIP(vip netip.Addr, n uint32) error {
 	}
 	// A VIP again: the program reads l4xds_vips first, the entry is only
 	// left over.
-	if m.oldVIPs != nil {
+	if m.oldVIPs != nil && m.parkedVIP(key) {
 		if err := m.oldVIPs.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete from %s: %s: %w", bpf.L4xdsMapL4xdsOldVips, vip, err)
 		}
+		delete(m.parked, key)
 	}
 	return nil
 }
 
-// zeroStats clears the counters of a service ID before it is reused.
-func (m *Maps) zeroStats(svcID uint32) error {
-	if len(m.zeroCounts) != m.possibleCPU {
-		m.zeroCounts = make([]bpf.L4xdsLbStats, m.possibleCPU)
+// putVIPs writes the counts of VIPs that have services (counts[i] > 0) in
+// one syscall where it can, then takes those parked in l4xds_old_vips out
+// of it, as setVIP. A VIP written before the entry that failed may be
+// written again: the write is the same.
+func (m *Maps) putVIPs(vips []netip.Addr, counts []uint32) (int, error) {
+	keys := m.vipKeys[:0]
+	for _, vip := range vips {
+		keys = append(keys, addrToBPF(vip))
 	}
-	if err := m.stats.Put(svcID, m.zeroCounts); err != nil {
-		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, svcID, err)
+	m.vipKeys = keys
+	written := 0
+	if len(keys) > 1 {
+		n, err := m.vips.BatchUpdate(keys, counts, nil)
+		switch {
+		case err == nil:
+			written = n
+		case !errors.Is(err, ebpf.ErrNotSupported):
+			n = min(n, len(keys)-1)
+			err = fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[n], err)
+			if i, perr := m.unparkVIPs(vips[:n], keys[:n]); perr != nil {
+				return i, perr
+			}
+			return n, err
+		}
 	}
-	return nil
+	for i := written; i < len(vips); i++ {
+		if err := m.vips.Put(&keys[i], counts[i]); err != nil {
+			if j, perr := m.unparkVIPs(vips[:i], keys[:i]); perr != nil {
+				return j, perr
+			}
+			return i, fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[i], err)
+		}
+	}
+	return m.unparkVIPs(vips, keys)
+}
+
+// unparkVIPs deletes the VIPs just written from l4xds_old_vips, those that
+// are parked there: the first n are done, and err is entry n's error.
+func (m *Maps) unparkVIPs(vips []netip.Addr, keys [][4]uint32) (int, error) {
+	if m.oldVIPs == nil {
+		return len(vips), nil
+	}
+	for i, key := range keys {
+		if !m.parkedVIP(key) {
+			continue
+		}
+		if err := m.oldVIPs.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return i, fmt.Errorf("delete from %s: %s: %w", bpf.L4xdsMapL4xdsOldVips, vips[i], err)
+		}
+		delete(m.parked, key)
+	}
+	return len(vips), nil
+}
+
+// parkedVIP reports whether l4xds_old_vips may hold key: what the map held
+// when first asked (a previous agent's entries), and what was put since.
+// Entries the LRU evicts stay in the set; their delete finds nothing. If
+// the map cannot be read, every VIP may be there.
+func (m *Maps) parkedVIP(key [4]uint32) bool {
+	if m.parked == nil {
+		keys, _, err := collect[[4]uint32, uint64](m.oldVIPs)
+		if err != nil {
+			return true
+		}
+		m.parked = make(map[[4]uint32]struct{}, len(keys))
+		for _, k := range keys {
+			m.parked[k] = struct{}{}
+		}
+	}
+	_, ok := m.parked[key]
+	return ok
+}
+
+// park records a VIP put in l4xds_old_vips. The set is read again from the
+// map once it holds twice the map's entries: the rest were evicted.
+func (m *Maps) park(key [4]uint32) {
+	if m.parked == nil {
+		return // read from the map, with this entry, when first asked
+	}
+	if len(m.parked) >= 2*int(m.oldVIPs.MaxEntries()) {
+		m.parked = nil
+		return
+	}
+	m.parked[key] = struct{}{}
+}
+
+// zeroStats clears the counters of service IDs before they are reused, in
+// one syscall where it can.
+func (m *Maps) zeroStats(svcIDs []uint32) (int, error) {
+	if need := len(svcIDs) * m.possibleCPU; len(m.zeroCounts) < need {
+		m.zeroCounts = make([]bpf.L4xdsLbStats, need)
+	}
+	if len(svcIDs) > 1 {
+		n, err := m.stats.BatchUpdate(svcIDs, m.zeroCounts[:len(svcIDs)*m.possibleCPU], nil)
+		if err == nil {
+			return n, nil
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			n = min(n, len(svcIDs)-1)
+			return n, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, svcIDs[n], err)
+		}
+	}
+	for i, id := range svcIDs {
+		if err := m.stats.Put(id, m.zeroCounts[:m.possibleCPU]); err != nil {
+			return i, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, id, err)
+		}
+	}
+	return len(svcIDs), nil
 }

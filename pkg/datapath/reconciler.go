@@ -45,6 +45,14 @@ type ops struct {
 	beIDs    []uint32
 	beValues []bpf.L4xdsLbBackend
 	beAddrs  []netip.AddrPort
+	// The steps a round finishes, and the entries it writes in batches.
+	live        []*step
+	batchSteps  []*step
+	batchIDs    []uint32
+	batchVIPs   []netip.Addr
+	batchCounts []uint32
+	batchKeys   []bpf.L4xdsLbSvcKey
+	batchValues []bpf.L4xdsLbSvc
 
 	// rangesReserved are the source-range map entries that the round's
 	// prepared frontends will add once finished (see fits).
@@ -170,26 +178,34 @@ func (o *ops) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reco
 	}
 	o.steps = steps
 
+	o.writeBackends(steps)
 	err := o.maps.insertMaglevs()
+	live := o.live[:0]
 	for i := range steps {
 		st := &steps[i]
+		if st.failed {
+			continue
+		}
 		if st.newTable {
 			if err != nil {
 				st.svc.table = tableUnknown
-				st.entry.Result = fmt.Errorf("frontend %s: %w", st.entry.Object.Address, err)
+				st.fail(err)
 				continue
 			}
 			st.svc.table = tableWritten
 		}
-		if err := o.finish(st); err != nil {
-			st.entry.Result = fmt.Errorf("frontend %s: %w", st.entry.Object.Address, err)
-			continue
-		}
-		if o.written != nil {
-			o.written(st.entry.Object.Address)
-		}
+		live = append(live, st)
 	}
+	o.finish(live)
+	clear(live)
+	o.live = live[:0]
 	clear(o.steps)
+}
+
+// fail records the error of the step's frontend.
+func (st *step) fail(err error) {
+	st.entry.Result = fmt.Errorf("frontend %s: %w", st.entry.Object.Address, err)
+	st.failed = true
 }
 
 // step is one frontend's update between its two halves.
@@ -214,6 +230,13 @@ type step struct {
 	ranges    []netip.Prefix
 	// removed are the backends no longer listed.
 	removed []netip.AddrPort
+	// failed: entry.Result says why; finish writes no more of it.
+	failed bool
+	// beLo and beHi are its backend entries in the round's ops.beIDs,
+	// for writeBackends: those of a service without a table.
+	beLo, beHi int
+	// value is the service entry finish writes.
+	value bpf.L4xdsLbSvc
 }
 
 // prepare writes the frontend's backends, new ones first (a Maglev table
@@ -230,13 +253,6 @@ func (o *ops) prepare(st *step) (err error) {
 	svc, isNew, err := o.reg.service(fe.Address)
 	if err != nil {
 		return err
-	}
-	if isNew {
-		// A freed ID's counters belong to the service that had it.
-		if err := o.maps.zeroStats(svc.id); err != nil {
-			o.reg.remove(svc)
-			return err
-		}
 	}
 	st.svc, st.isNew = svc, isNew
 	defer func() {
@@ -256,10 +272,13 @@ func (o *ops) prepare(st *step) (err error) {
 	// weight: a backend left out of the loop below leaves it if the
 	// count of those in it differs.
 	changed := force || svc.table != tableWritten || svc.tableCount != uint32(entries) || svc.reject != d.reject
-	ids, values, addrs := o.beIDs[:0], o.beValues[:0], o.beAddrs[:0]
+	lo := len(o.beIDs)
+	ids, values, addrs := o.beIDs, o.beValues, o.beAddrs
 	for _, want := range d.backends {
 		be, err := o.reg.backend(svc, want.addr)
 		if err != nil {
+			unwritten(svc, addrs[lo:])
+			o.beIDs, o.beValues, o.beAddrs = ids[:lo], values[:lo], addrs[:lo]
 			return err
 		}
 		standby := want.state == lb.BackendStateActive && !want.usable
@@ -284,16 +303,21 @@ func (o *ops) prepare(st *step) (err error) {
 		if be.weight != weight {
 			be.weight, changed = weight, true
 		}
-		svc.backends[want.addr] = be
+		svc.backends.set(want.addr, be)
 	}
 	o.beIDs, o.beValues, o.beAddrs = ids, values, addrs
-	if len(ids) > 0 {
-		if err := o.maps.putBackends(ids, values); err != nil {
-			for _, addr := range addrs {
-				be := svc.backends[addr]
-				be.written = false
-				svc.backends[addr] = be
-			}
+	switch {
+	case len(ids) == lo:
+	case st.tableless:
+		// No table names them: written with the round's (writeBackends),
+		// before any entry.
+		st.beLo, st.beHi = lo, len(ids)
+	default:
+		// Before the table that names them.
+		_, err := o.maps.putBackends(ids[lo:], values[lo:])
+		o.beIDs, o.beValues, o.beAddrs = ids[:lo], values[:lo], addrs[:lo]
+		if err != nil {
+			unwritten(svc, addrs[lo:])
 			return err
 		}
 	}
@@ -304,9 +328,9 @@ func (o *ops) prepare(st *step) (err error) {
 		for _, want := range d.backends {
 			o.listed[want.addr] = struct{}{}
 		}
-		for addr := range svc.backends {
-			if _, ok := o.listed[addr]; !ok {
-				st.removed = append(st.removed, addr)
+		for _, e := range svc.backends {
+			if _, ok := o.listed[e.addr]; !ok {
+				st.removed = append(st.removed, e.addr)
 			}
 		}
 	}
@@ -344,6 +368,45 @@ func (o *ops) prepare(st *step) (err error) {
 	return nil
 }
 
+// unwritten marks backends whose entries may not be written.
+func unwritten(svc *service, addrs []netip.AddrPort) {
+	for _, addr := range addrs {
+		if i, ok := svc.backends.find(addr); ok {
+			svc.backends[i].written = false
+		}
+	}
+}
+
+// writeBackends writes the backend entries that prepare left to the round
+// (those of services without a table) in one batch. An entry that fails is
+// its frontend's error: its service's other entries are not written, and
+// the batch goes on with the next service's.
+func (o *ops) writeBackends(steps []step) {
+	ids, values := o.beIDs, o.beValues
+	next := 0 // the steps before it own entries before lo
+	for lo := 0; lo < len(ids); {
+		n, err := o.maps.putBackends(ids[lo:], values[lo:])
+		if err == nil {
+			break
+		}
+		bad := lo + n
+		for next < len(steps) && steps[next].beHi <= bad {
+			next++
+		}
+		if next == len(steps) {
+			break // no step owns it: cannot happen
+		}
+		st := &steps[next]
+		unwritten(st.svc, o.beAddrs[st.beLo:st.beHi])
+		// The backends' weights may be ahead of the table: rewrite it.
+		st.svc.table = tableUnknown
+		st.fail(err)
+		lo = st.beHi
+	}
+	clear(o.beAddrs)
+	o.beIDs, o.beValues, o.beAddrs = ids[:0], values[:0], o.beAddrs[:0]
+}
+
 // fits reports why a frontend's desired state does not fit the maps, before
 // anything of it is allocated or written: what serves already keeps serving
 // as it was, and the reconciler retries the frontend once room is made.
@@ -370,7 +433,7 @@ func (o *ops) fits(fe *lb.Frontend, d *desiredService) error {
 			added = len(d.backends)
 			break
 		}
-		if _, ok := svc.backends[want.addr]; !ok {
+		if _, ok := svc.backends.get(want.addr); !ok {
 			added++
 		}
 	}
@@ -416,65 +479,144 @@ func (o *ops) rangesFit(fe *lb.Frontend, svc *service, d *desiredService) error 
 	return nil
 }
 
-// finish writes the rest once the table is in: the source ranges, the
-// service entry that enables them, then what is no longer listed. A
-// service with source ranges fails closed: if its ranges cannot all be
+// finish writes the rest of a round's frontends once their tables are in:
+// for each, its VIP's count, its source ranges, the service entry that
+// enables them, then what is no longer listed. The VIP counts, then the
+// service entries, of the whole round are written in one batch each
+// (eachBatch); a write that fails is the error of its frontend alone, and
+// the frontend's later writes are not made.
+//
+// A service with source ranges fails closed: if its ranges cannot all be
 // written (or a range no longer listed deleted), its entry is removed, so
 // that no client is served, rather than left admitting clients the ranges
 // do not (yet, or no longer) name; the retry writes the ranges, then the
 // entry.
-func (o *ops) finish(st *step) error {
-	svc, force := st.svc, st.force
+func (o *ops) finish(steps []*step) {
+	// A freed ID's counters belong to the service that had it: a new
+	// service's are cleared before its entry counts anything.
+	zeroSteps, ids := o.batchSteps[:0], o.batchIDs[:0]
+	for _, st := range steps {
+		if !st.svc.zeroed {
+			zeroSteps, ids = append(zeroSteps, st), append(ids, st.svc.id)
+		}
+	}
+	eachBatch(zeroSteps, func(lo int) (int, error) { return o.maps.zeroStats(ids[lo:]) }, func(st *step) { st.svc.zeroed = true })
+	o.batchIDs = ids[:0]
 
-	// The VIP's count changes only with a new service (or a delete).
+	// The VIP's count changes only with a new service (or a delete); it
+	// is written again while the service's entry is not (a retry).
 	// Written first: until the service's entry is, packets to the VIP are
 	// dropped, not passed to the stack.
-	if st.isNew || force {
-		if err := o.maps.setVIP(svc.frontend.Addr, o.reg.vips[svc.frontend.Addr]); err != nil {
-			return err
+	vipSteps, vips, counts := zeroSteps[:0], o.batchVIPs[:0], o.batchCounts[:0]
+	for _, st := range steps {
+		if st.failed {
+			continue
+		}
+		if st.isNew || st.force || !st.svc.written {
+			addr := st.svc.frontend.Addr
+			vipSteps, vips, counts = append(vipSteps, st), append(vips, addr), append(counts, o.reg.vips[addr])
 		}
 	}
+	eachBatch(vipSteps, func(lo int) (int, error) { return o.maps.putVIPs(vips[lo:], counts[lo:]) }, nil)
 
-	ranged := st.flags&svcFlagSourceRanges != 0
-	if ranged {
-		// The ranges no longer listed first: they admit no one from now
-		// on, and make room for the new ones.
-		for p := range svc.ranges {
-			if !slices.Contains(st.ranges, p) {
-				if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
-					return o.closeService(svc, err)
-				}
-				o.reg.removeRange(svc, p)
+	entrySteps, keys, values := vipSteps[:0], o.batchKeys[:0], o.batchValues[:0]
+	for _, st := range steps {
+		if st.failed {
+			continue
+		}
+		if err := o.writeRanges(st); err != nil {
+			st.fail(err)
+			continue
+		}
+		svc := st.svc
+		v := bpf.L4xdsLbSvc{Id: svc.id, Flags: st.flags, Count: uint32(st.usable), AffinityTimeout: st.affinityTimeout, BackendId: st.single}
+		if st.force || !svc.written || svc.value != v {
+			st.value = v
+			entrySteps, keys, values = append(entrySteps, st), append(keys, svc.key), append(values, v)
+			continue
+		}
+		o.finishRest(st)
+	}
+	eachBatch(entrySteps, func(lo int) (int, error) { return o.maps.putServices(keys[lo:], values[lo:]) }, func(st *step) {
+		st.svc.value, st.svc.written = st.value, true
+		o.finishRest(st)
+	})
+
+	clear(entrySteps[:cap(entrySteps)])
+	o.batchSteps, o.batchVIPs, o.batchCounts, o.batchKeys, o.batchValues = entrySteps[:0], vips[:0], counts[:0], keys[:0], values[:0]
+}
+
+// eachBatch writes one entry per step with write, which writes the entries
+// from lo on as one batch: the first n of them are written, and err is the
+// error of the next, whose step fails; the batch then goes on after it.
+// done, if set, is called for each step whose entry is written.
+func eachBatch(steps []*step, write func(lo int) (n int, err error), done func(*step)) {
+	for lo := 0; lo < len(steps); {
+		n, err := write(lo)
+		if done != nil {
+			for _, st := range steps[lo : lo+n] {
+				done(st)
 			}
 		}
-		for _, p := range st.ranges {
-			_, held := svc.ranges[p]
-			if held && !force {
-				continue
-			}
-			err := o.maps.putSourceRange(svc.id, p)
-			// A refresh's rewrite of a range the map holds: Linux
-			// before 6.14 refuses any update of a full LPM trie, the
-			// rewrite of a held entry included. The entry is there, and
-			// a range missing could only admit fewer clients.
-			if held && errors.Is(err, syscall.ENOSPC) {
-				continue
-			}
-			if err != nil {
+		if err == nil {
+			return
+		}
+		steps[lo+n].fail(err)
+		lo += n + 1
+	}
+}
+
+// writeRanges writes the source ranges of a service that has them, the
+// ones no longer listed first: they admit no one from now on, and make
+// room for the new ones.
+func (o *ops) writeRanges(st *step) error {
+	svc, force := st.svc, st.force
+	if st.flags&svcFlagSourceRanges == 0 {
+		return nil
+	}
+	for p := range svc.ranges {
+		if !slices.Contains(st.ranges, p) {
+			if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
 				return o.closeService(svc, err)
 			}
-			o.reg.addRange(svc, p)
+			o.reg.removeRange(svc, p)
 		}
 	}
-
-	v := bpf.L4xdsLbSvc{Id: svc.id, Flags: st.flags, Count: uint32(st.usable), AffinityTimeout: st.affinityTimeout, BackendId: st.single}
-	if force || !svc.written || svc.value != v {
-		if err := o.maps.putService(svc.key, v); err != nil {
-			return err
+	for _, p := range st.ranges {
+		_, held := svc.ranges[p]
+		if held && !force {
+			continue
 		}
-		svc.value, svc.written = v, true
+		err := o.maps.putSourceRange(svc.id, p)
+		// A refresh's rewrite of a range the map holds: Linux before
+		// 6.14 refuses any update of a full LPM trie, the rewrite of a
+		// held entry included. The entry is there, and a range missing
+		// could only admit fewer clients.
+		if held && errors.Is(err, syscall.ENOSPC) {
+			continue
+		}
+		if err != nil {
+			return o.closeService(svc, err)
+		}
+		o.reg.addRange(svc, p)
 	}
+	return nil
+}
 
+// finishRest writes what follows the service entry, and tells Hooks.Written.
+func (o *ops) finishRest(st *step) {
+	if err := o.afterEntry(st); err != nil {
+		st.fail(err)
+		return
+	}
+	if o.written != nil {
+		o.written(st.entry.Object.Address)
+	}
+}
+
+// afterEntry removes what the service entry no longer names.
+func (o *ops) afterEntry(st *step) error {
+	svc, force := st.svc, st.force
 	// With count 0, or a single backend, written, the table is no longer
 	// read.
 	if st.tableless && (force || svc.table != tableNone) {
@@ -486,7 +628,7 @@ func (o *ops) finish(st *step) error {
 
 	// Without source ranges the entry admits every client: the ranges
 	// left are no longer read.
-	if !ranged {
+	if st.flags&svcFlagSourceRanges == 0 {
 		for p := range svc.ranges {
 			if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
 				return err
@@ -497,7 +639,7 @@ func (o *ops) finish(st *step) error {
 
 	// The backends no longer listed, now that no table names them.
 	for _, addr := range st.removed {
-		if be, ok := svc.backends[addr]; ok {
+		if be, ok := svc.backends.get(addr); ok {
 			if err := o.maps.deleteBackend(be.id); err != nil {
 				return err
 			}
@@ -562,11 +704,13 @@ func (o *ops) delete(svc *service) error {
 		return err
 	}
 	svc.written = false
-	for addr, be := range svc.backends {
-		if err := o.maps.deleteBackend(be.id); err != nil {
+	// From the last, so that each removal leaves the rest in place.
+	for i := len(svc.backends) - 1; i >= 0; i-- {
+		e := svc.backends[i]
+		if err := o.maps.deleteBackend(e.id); err != nil {
 			return err
 		}
-		o.reg.removeBackend(svc, addr)
+		o.reg.removeBackend(svc, e.addr)
 	}
 	for p := range svc.ranges {
 		if err := o.maps.deleteSourceRange(svc.id, p); err != nil {
@@ -636,7 +780,7 @@ func (o *ops) pruneMaps() error {
 	for i, id := range ids {
 		svc, ok := o.reg.byID[bes[i].SvcId]
 		if ok {
-			be, known := svc.backends[backendAddrFromBPF(bes[i])]
+			be, known := svc.backends.get(backendAddrFromBPF(bes[i]))
 			ok = known && be.id == id
 		}
 		if !ok {

@@ -599,12 +599,16 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 
 	rejected := map[string]error{}
 	txn := c.sink.WriteTxn()
-	for _, r := range u.Upserted {
-		// The server has answered, if badly: a broken CLA must not hold
-		// back the initialization of every other service.
-		c.sawEndpoints(r.Name)
-		if err := c.upsertEndpoints(txn, r); err != nil {
-			rejected[r.Name] = err
+	if many, ok := txn.(backendsOfMany); ok {
+		c.upsertEndpointsOf(txn, many, u.Upserted, rejected)
+	} else {
+		for _, r := range u.Upserted {
+			// The server has answered, if badly: a broken CLA must not
+			// hold back the initialization of every other service.
+			c.sawEndpoints(r.Name)
+			if err := c.upsertEndpoints(txn, r); err != nil {
+				rejected[r.Name] = err
+			}
 		}
 	}
 	for _, name := range u.Removed {
@@ -622,7 +626,7 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 }
 
 func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
-	bes, err := c.endpoints(r)
+	bes, err := c.translateEndpoints(r)
 	if err != nil {
 		// Answered, if badly: a held cluster waits no longer.
 		if werr := c.writeHeldUsers(txn, r.Name); werr != nil {
@@ -634,8 +638,50 @@ func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
 	return c.setBackends(txn, r.Name, bes)
 }
 
-// endpoints translates a ClusterLoadAssignment.
-func (c *Controller) endpoints(r xds.Resource) ([]loadbalancer.BackendParams, error) {
+// upsertEndpointsOf is upsertEndpoints for every resource of an update, the
+// backends of all their written clusters set at once (a held cluster is
+// written whole, as by setBackends). A resource is rejected with the first
+// error of its clusters.
+func (c *Controller) upsertEndpointsOf(txn SinkTxn, many backendsOfMany, upserted []xds.Resource, rejected map[string]error) {
+	// Nearly always one cluster per resource.
+	sets := make([]loadbalancer.ServiceBackends, 0, len(upserted))
+	// The resource and cluster of each set.
+	from := make([]struct{ eds, cluster string }, 0, len(upserted))
+	for _, r := range upserted {
+		// The server has answered, if badly: a broken CLA must not hold
+		// back the initialization of every other service.
+		c.sawEndpoints(r.Name)
+		bes, err := c.translateEndpoints(r)
+		if err != nil {
+			// Answered, if badly: a held cluster waits no longer.
+			rejected[r.Name] = errors.Join(err, c.writeHeldUsers(txn, r.Name))
+			continue
+		}
+		c.clas[r.Name] = bes
+		for _, name := range c.users[r.Name] {
+			if c.clusters[name].held {
+				// Written whole, with its backends, one transaction.
+				if err := c.writeHeld(txn, name, bes); err != nil {
+					rejected[r.Name] = errors.Join(rejected[r.Name], fmt.Errorf("cluster_load_assignment %q: %w", r.Name, err))
+				}
+				continue
+			}
+			sets = append(sets, loadbalancer.ServiceBackends{Name: c.clusters[name].svc.Name, Backends: bes})
+			from = append(from, struct{ eds, cluster string }{r.Name, name})
+		}
+	}
+	if len(sets) == 0 {
+		return
+	}
+	for i, err := range many.SetBackendsOf(sets) {
+		if _, seen := rejected[from[i].eds]; err != nil && !seen {
+			rejected[from[i].eds] = fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", from[i].eds, from[i].cluster, err)
+		}
+	}
+}
+
+// translateEndpoints checks and translates a ClusterLoadAssignment.
+func (c *Controller) translateEndpoints(r xds.Resource) ([]loadbalancer.BackendParams, error) {
 	cla, ok := r.Message.(*endpointv3.ClusterLoadAssignment)
 	if !ok {
 		return nil, fmt.Errorf("cluster_load_assignment %q: message is a %T, not a ClusterLoadAssignment", r.Name, r.Message)

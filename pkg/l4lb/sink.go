@@ -36,6 +36,14 @@ type SinkTxn interface {
 	Commit()
 }
 
+// backendsOfMany is a SinkTxn that also sets the backends of many services
+// at once, as loadbalancer.Writer.SetBackendsOf: errs[i] is the error of
+// sets[i]. The controller gives it those of a whole EDS update (or slice of
+// one); a SinkTxn without it gets them one SetBackends at a time.
+type backendsOfMany interface {
+	SetBackendsOf(sets []loadbalancer.ServiceBackends) (errs []error)
+}
+
 // TablesCell provides the standalone agent's Sink: l4xds's own tables.
 var TablesCell = cell.Provide(NewTablesSink)
 
@@ -71,6 +79,10 @@ func (t tablesTxn) DeleteServiceAndFrontends(name loadbalancer.ServiceName) erro
 
 func (t tablesTxn) SetBackends(name loadbalancer.ServiceName, bes ...loadbalancer.BackendParams) error {
 	return t.w.SetBackends(t.txn, name, loadbalancer.SourceXDS, bes...)
+}
+
+func (t tablesTxn) SetBackendsOf(sets []loadbalancer.ServiceBackends) []error {
+	return t.w.SetBackendsOf(t.txn, loadbalancer.SourceXDS, sets)
 }
 
 func (t tablesTxn) Commit() { t.txn.Commit() }

@@ -40,6 +40,10 @@ type Writer struct {
 	svcBackends []*Backend
 	portBuf     []Backend
 	paramsBuf   []BackendParams
+	plans       []backendsPlan
+	staleBuf    []*Backend
+	feBuf       []*Frontend
+	mergeBuf    []mergeEntry
 }
 
 // NewWriter creates the three tables, registers them with db and returns
@@ -222,16 +226,109 @@ func (w *Writer) DeleteServicesBySource(txn WriteTxn, source Source) error {
 // protocol its frontend speaks), so the protocol of bes is dropped. Weight 0
 // is valid and means the backend gets no new flows.
 func (w *Writer) SetBackends(txn WriteTxn, name ServiceName, source Source, bes ...BackendParams) error {
+	sets := [1]ServiceBackends{{Name: name, Backends: bes}}
+	var errs [1]error
+	w.setBackends(txn, source, sets[:], errs[:])
+	return errs[0]
+}
+
+// ServiceBackends are the backends of one service, for SetBackendsOf.
+type ServiceBackends struct {
+	Name     ServiceName
+	Backends []BackendParams
+}
+
+// SetBackendsOf is SetBackends for each of sets, in one pass: errs[i] is
+// the error of sets[i], which is then left as it was; the others are set.
+//
+// Many services at once cost less than one at a time: a statedb write
+// transaction freezes a table's index tree whenever it is iterated (so that
+// the iteration sees it unchanged), and the next insert then copies the
+// nodes on its path. One service at a time iterates and inserts in turn, a
+// copy of the path per service; SetBackendsOf first reads what every
+// service has, then writes, and each node is copied once.
+func (w *Writer) SetBackendsOf(txn WriteTxn, source Source, sets []ServiceBackends) (errs []error) {
+	errs = make([]error, len(sets))
+	names := make(map[ServiceName]struct{}, len(sets))
+	for _, set := range sets {
+		names[set.Name] = struct{}{}
+	}
+	if len(names) < len(sets) {
+		// A service listed twice: its second set reads what the first
+		// wrote, so they go one at a time.
+		for i := range sets {
+			w.setBackends(txn, source, sets[i:i+1], errs[i:i+1])
+		}
+		return errs
+	}
+	w.setBackends(txn, source, sets, errs)
+	return errs
+}
+
+// backendsPlan is what setBackends found for one service before writing.
+type backendsPlan struct {
+	// stale are the rows of the source no longer listed, in
+	// staleBuf[staleLo:staleHi]; fes its frontends, in feBuf[feLo:feHi].
+	staleLo, staleHi int
+	feLo, feHi       int
+	// rows are the new or changed rows.
+	rows []Backend
+	// backends are the service's backends after the change, from all
+	// sources, as serviceBackends returns them; set when it has frontends.
+	backends []*Backend
+}
+
+// mergeEntry is one of a service's backends after the change: a row it
+// keeps, or the new row rows[k].
+type mergeEntry struct {
+	row *Backend
+	k   int
+}
+
+// setBackends sets the backends of sets (distinct services), each error in
+// errs: first it validates every set and reads its rows and frontends, then
+// it writes.
+func (w *Writer) setBackends(txn WriteTxn, source Source, sets []ServiceBackends, errs []error) {
+	plans := slices.Grow(w.plans[:0], len(sets))[:len(sets)]
+	staleBuf, feBuf := w.staleBuf[:0], w.feBuf[:0]
+	for i := range sets {
+		plans[i] = backendsPlan{}
+		errs[i] = w.planBackends(txn, source, sets[i], &plans[i], &staleBuf, &feBuf)
+	}
+	for i := range sets {
+		if errs[i] == nil {
+			errs[i] = w.applyBackends(txn, sets[i].Name, &plans[i], staleBuf, feBuf)
+		}
+		plans[i] = backendsPlan{}
+	}
+	clear(staleBuf)
+	clear(feBuf)
+	w.plans, w.staleBuf, w.feBuf = plans[:0], staleBuf[:0], feBuf[:0]
+	if cap(plans) > keptScratch {
+		// A large batch (the first state of thousands of services) does
+		// not leave its room behind.
+		w.plans, w.staleBuf, w.feBuf = nil, nil, nil
+	}
+}
+
+// keptScratch is the largest number of services whose scratch space the
+// writer keeps from one batch to the next.
+const keptScratch = 1024
+
+// planBackends validates one set and finds, without writing, the rows to
+// delete and to write and the frontends to refresh.
+func (w *Writer) planBackends(txn WriteTxn, source Source, set ServiceBackends, plan *backendsPlan, staleBuf *[]*Backend, feBuf *[]*Frontend) error {
+	name := set.Name
 	if err := validateServiceName(name); err != nil {
 		return err
 	}
 	if source == "" {
 		return fmt.Errorf("service %q: backends: source is empty", name)
 	}
-	// A sorted copy of bes, merged with the service's rows (which the index
-	// yields sorted by address), finds duplicates, stale rows and changes
-	// without a map or a lookup per backend.
-	news := append(w.paramsBuf[:0], bes...)
+	// A sorted copy of the backends, merged with the service's rows (which
+	// the index yields sorted by address, then source), finds duplicates,
+	// stale rows and changes without a map or a lookup per backend.
+	news := append(w.paramsBuf[:0], set.Backends...)
 	w.paramsBuf = news[:0]
 	for i := range news {
 		if err := validateBackend(name, &news[i]); err != nil {
@@ -249,45 +346,116 @@ func (w *Writer) SetBackends(txn WriteTxn, name ServiceName, source Source, bes 
 		}
 	}
 
-	// Delete the rows of source that are not in news, and compact news to
-	// the backends that are new or changed.
-	deleted := false
+	// Compact news to the backends that are new or changed, note the
+	// source's rows that are not in news, and list the service's backends
+	// after the change.
+	plan.staleLo = len(*staleBuf)
+	ents := w.mergeBuf[:0]
 	i, n := 0, 0
 	for old := range w.backends.Prefix(txn, backendsOfService.Query(name)) {
-		if old.Source != source {
-			continue
-		}
 		for ; i < len(news) && news[i].Address.Compare(old.Address) < 0; i++ {
 			news[n] = news[i]
+			ents = append(ents, mergeEntry{k: n})
 			n++
+		}
+		if old.Source != source {
+			ents = append(ents, mergeEntry{row: old})
+			continue
 		}
 		if i < len(news) && news[i].Address == old.Address {
 			if news[i] != old.BackendParams {
 				news[n] = news[i]
+				ents = append(ents, mergeEntry{k: n})
 				n++
+			} else {
+				ents = append(ents, mergeEntry{row: old})
 			}
 			i++
 			continue
 		}
-		if _, _, err := w.backends.Delete(txn, old); err != nil {
-			return fmt.Errorf("service %q: backend %s: %w", name, old.Address, err)
-		}
-		deleted = true
+		*staleBuf = append(*staleBuf, old)
 	}
-	n += copy(news[n:], news[i:])
+	for ; i < len(news); i++ {
+		news[n] = news[i]
+		ents = append(ents, mergeEntry{k: n})
+		n++
+	}
+	w.mergeBuf = ents[:0]
+	defer clear(ents) // the scratch space holds no row
+	plan.staleHi = len(*staleBuf)
+	if n == 0 && plan.staleHi == plan.staleLo {
+		return nil
+	}
 
 	// The new rows are allocated together, in a block of exactly their
 	// number: a row keeps its whole block alive.
-	block := make([]Backend, n)
+	plan.rows = make([]Backend, n)
 	for j, params := range news[:n] {
-		block[j] = Backend{BackendParams: params, ServiceName: name, Source: source}
-		if _, _, err := w.backends.Insert(txn, &block[j]); err != nil {
-			return fmt.Errorf("service %q: backend %s: %w", name, params.Address, err)
-		}
+		plan.rows[j] = Backend{BackendParams: params, ServiceName: name, Source: source}
 	}
 
-	if deleted || n > 0 {
-		return w.refreshFrontends(txn, name)
+	plan.feLo = len(*feBuf)
+	for fe := range w.frontends.List(txn, FrontendByServiceName.Query(name)) {
+		*feBuf = append(*feBuf, fe)
+	}
+	plan.feHi = len(*feBuf)
+	if plan.feHi > plan.feLo {
+		plan.backends = mergedBackends(ents, plan.rows)
+	}
+	return nil
+}
+
+// mergedBackends resolves the entries (sorted by address) into the
+// service's backends, one per address: as serviceBackends, the row of the
+// first source in name order.
+func mergedBackends(ents []mergeEntry, rows []Backend) []*Backend {
+	row := func(e mergeEntry) *Backend {
+		if e.row != nil {
+			return e.row
+		}
+		return &rows[e.k]
+	}
+	n := 0
+	for j := range ents {
+		if j == 0 || row(ents[j]).Address != row(ents[j-1]).Address {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]*Backend, 0, n)
+	for _, e := range ents {
+		be := row(e)
+		if last := len(out) - 1; last >= 0 && out[last].Address == be.Address {
+			if be.Source < out[last].Source {
+				out[last] = be
+			}
+			continue
+		}
+		out = append(out, be)
+	}
+	return out
+}
+
+// applyBackends writes what planBackends found.
+func (w *Writer) applyBackends(txn WriteTxn, name ServiceName, plan *backendsPlan, staleBuf []*Backend, feBuf []*Frontend) error {
+	for _, old := range staleBuf[plan.staleLo:plan.staleHi] {
+		if _, _, err := w.backends.Delete(txn, old); err != nil {
+			return fmt.Errorf("service %q: backend %s: %w", name, old.Address, err)
+		}
+	}
+	for j := range plan.rows {
+		if _, _, err := w.backends.Insert(txn, &plan.rows[j]); err != nil {
+			return fmt.Errorf("service %q: backend %s: %w", name, plan.rows[j].Address, err)
+		}
+	}
+	// The frontends share plan.backends: it is made for them.
+	shared := plan.backends
+	for _, fe := range feBuf[plan.feLo:plan.feHi] {
+		if err := w.writeFrontend(txn, fe.Service, fe.FrontendParams, fe, plan.backends, &shared); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ package loadbalancer
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -734,5 +735,104 @@ func TestWriter_Concurrent(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("frontends %q, want %q", got, want)
+	}
+}
+
+// TestWriter_SetBackendsOf checks that setting the backends of many services
+// at once leaves the tables as SetBackends one service at a time does, with
+// each error at its set: random rounds over a few services with frontends
+// (one with a target port), backends of a second source at some of the same
+// addresses, invalid sets, and a service listed twice.
+func TestWriter_SetBackendsOf(t *testing.T) {
+	batched, single := newTestWriter(t), newTestWriter(t)
+	for _, w := range []*Writer{batched, single} {
+		txn := w.WriteTxn()
+		for i, name := range []string{"s0", "s1", "s2", "s3"} {
+			params := fe(fmt.Sprintf("10.0.0.%d:80/TCP", i+1))
+			if name == "s2" {
+				params.ServicePort = 9090
+			}
+			if err := w.UpsertServiceAndFrontends(txn, svc(name), params); err != nil {
+				t.Fatal(err)
+			}
+		}
+		txn.Commit()
+	}
+	rows := func(w *Writer) []string {
+		rtxn := w.ReadTxn()
+		var out []string
+		for be := range w.Backends().All(rtxn) {
+			out = append(out, fmt.Sprintf("%s %s %s w%d", be.ServiceName, be.Address, be.Source, be.Weight))
+		}
+		for fe := range w.Frontends().All(rtxn) {
+			var bes []string
+			for _, be := range fe.Backends {
+				bes = append(bes, fmt.Sprintf("%s %s w%d", be.Address, be.Source, be.Weight))
+			}
+			out = append(out, fmt.Sprintf("%s %s %s %v", fe.Address, fe.ServiceName, fe.Status.Kind, bes))
+		}
+		return out
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	names := []ServiceName{"s0", "s1", "s2", "s3", "s4"} // s4 has no frontend
+	for round := range 300 {
+		var sets []ServiceBackends
+		for _, name := range names {
+			if rng.IntN(3) == 0 {
+				continue
+			}
+			var bes []BackendParams
+			for range rng.IntN(4) {
+				b := be(fmt.Sprintf("10.1.0.%d:%d", rng.IntN(4), 80+rng.IntN(2)))
+				b.Weight = uint16(rng.IntN(3))
+				bes = append(bes, b) // may list an address twice: invalid
+			}
+			sets = append(sets, ServiceBackends{Name: name, Backends: bes})
+		}
+		if len(sets) > 0 && rng.IntN(10) == 0 {
+			sets = append(sets, sets[0]) // listed twice
+		}
+		other := names[rng.IntN(len(names))]
+		otherBes := []BackendParams{be(fmt.Sprintf("10.1.0.%d:80", rng.IntN(4)))}
+		if rng.IntN(2) == 0 {
+			otherBes = nil
+		}
+
+		txn := batched.WriteTxn()
+		if err := batched.SetBackends(txn, other, "k8s", otherBes...); err != nil {
+			t.Fatal(err)
+		}
+		errs := batched.SetBackendsOf(txn, SourceXDS, sets)
+		txn.Commit()
+
+		txn = single.WriteTxn()
+		if err := single.SetBackends(txn, other, "k8s", otherBes...); err != nil {
+			t.Fatal(err)
+		}
+		for i, set := range sets {
+			err := single.SetBackends(txn, set.Name, SourceXDS, set.Backends...)
+			if fmt.Sprint(err) != fmt.Sprint(errs[i]) {
+				t.Fatalf("round %d, set %d (%s): error %v, one at a time %v", round, i, set.Name, errs[i], err)
+			}
+		}
+		txn.Commit()
+
+		if got, want := rows(batched), rows(single); !slices.Equal(got, want) {
+			t.Fatalf("round %d: sets %+v:\n%s\nwant (one at a time)\n%s", round, sets, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		// And the frontends have the backends the table lists.
+		rtxn := batched.ReadTxn()
+		for fe := range batched.Frontends().All(rtxn) {
+			want := batched.serviceBackends(rtxn, fe.ServiceName)
+			if fe.ServicePort != 0 {
+				want = nil
+				for _, be := range batched.portBackends(batched.serviceBackends(rtxn, fe.ServiceName), fe.ServicePort) {
+					want = append(want, &be)
+				}
+			}
+			if !backendsEqual(fe.Backends, want) {
+				t.Fatalf("round %d: frontend %s has backends %v, the table %v", round, fe.Address, fe.Backends, want)
+			}
+		}
 	}
 }
