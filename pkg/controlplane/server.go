@@ -118,7 +118,8 @@ func NewServer(opts Options) *Server {
 	if opts.Registerer != nil {
 		cb.metrics = newServerMetrics(opts.Registerer, cb)
 	}
-	xs := xdsserver.NewServer(ctx, caches, cb)
+	// go-control-plane serves Delta streams; SotW ones are ours.
+	xs := xdsServices{xdsserver.NewServer(ctx, caches, cb), &sotwServer{caches: caches, cb: cb, log: logger}}
 
 	gopts := []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout,

@@ -53,10 +53,11 @@ import (
 //
 // The server's memory per stream is over what it held before the first
 // stream: rss_peak is its resident high-water mark (VmHWM) through the sync
-// and the changes, rss_rest its resident memory after the changes once it
-// has stopped falling (the runtime returns freed pages to the system in the
-// background); heap_live (after a collection), stack and goroutines are
-// the runtime's figures at rest.
+// and the changes, rss_rest its resident memory at rest after the changes:
+// after two collections (an idle Go process makes one every 2 minutes),
+// once it has stopped falling (the runtime returns freed pages to the
+// system in the background). heap_live (after those collections), stack
+// and goroutines are the runtime's figures at rest.
 // change_ack: from the file's write to each stream's receipt of the new
 // version (its ACK follows at once), over several changes; its max is the
 // time until every node has it. restart: the server SIGKILLed and started
@@ -206,7 +207,6 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 	// At rest: every stream holds the last change.
 	perStream := func(after, before int64) int64 { return (after - before) / int64(streams) }
 	f.rssPeak = perStream(procStatus(tb, cp.Cmd.Process.Pid, "VmHWM"), rssBefore)
-	f.rssRest = perStream(restingRSS(tb, cp.Cmd.Process.Pid), rssBefore)
 	if profileDir != "" {
 		for _, p := range []string{"heap", "goroutine"} {
 			if err := fetchProfile(health+"/debug/pprof/"+p, filepath.Join(profileDir, p+"-rest.pb.gz")); err != nil {
@@ -217,10 +217,14 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 			tb.Fatal(err)
 		}
 	}
+	// The collections serverRuntime asks for are those an idle Go
+	// process makes itself (one every 2 minutes); the freed pages go back
+	// to the system after them.
 	rt := serverRuntime(tb, health)
 	f.heapLive = perStream(rt.heapLive, runtimeBefore.heapLive)
 	f.stack = perStream(rt.stack, runtimeBefore.stack)
 	f.goroutines = (rt.goroutines - runtimeBefore.goroutines) / float64(streams)
+	f.rssRest = perStream(restingRSS(tb, cp.Cmd.Process.Pid), rssBefore)
 
 	// The restart storm: every stream reconnects at once to a new process.
 	cp.Kill()
