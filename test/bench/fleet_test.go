@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -173,7 +174,7 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 				connected++
 			}
 		}
-		return fmt.Sprintf("%d of %d streams lack round %d, %d connected", behind, len(nodes), round, connected)
+		return fmt.Sprintf("%d of %d streams lack round %d, %d connected; %s", behind, len(nodes), round, connected, dumpGoroutines(health))
 	}
 	waitFleet(tb, "every stream synced", 5*time.Minute, func() bool { return synced(1) }, func() string { return progress(1) })
 	f := fleet{streams: streams, shape: s}
@@ -319,6 +320,29 @@ func serverRuntime(tb testing.TB, health string) runtimeFigures {
 		stack:      int64(want("go_memstats_stack_inuse_bytes")),
 		goroutines: want("go_goroutines"),
 	}
+}
+
+// dumpGoroutines writes the stacks of the server at health and of this
+// process (the clients) into files to look at after a fleet stalled, and
+// says where they are.
+func dumpGoroutines(health string) string {
+	dir, err := os.MkdirTemp("", "fleet-stall-")
+	if err != nil {
+		return err.Error()
+	}
+	server := filepath.Join(dir, "server-goroutines.txt")
+	if err := fetchProfile(health+"/debug/pprof/goroutine?debug=1", server); err != nil {
+		return err.Error()
+	}
+	f, err := os.Create(filepath.Join(dir, "clients-goroutines.txt"))
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if err := pprof.Lookup("goroutine").WriteTo(f, 1); err != nil {
+		return err.Error()
+	}
+	return "the server's and the clients' goroutines are in " + dir
 }
 
 // waitFleet waits for cond; describe, if given, tells how far it got.
