@@ -50,7 +50,7 @@ import (
 //	  server_rss_peak_bytes_per_stream=… server_rss_rest_bytes_per_stream=…
 //	  server_heap_live_bytes_per_stream=… server_stack_bytes_per_stream=…
 //	  server_goroutines_per_stream=… server_cpu_us_per_stream_change=…
-//	  restart_all_synced_s=… partial_states=0
+//	  restart_all_synced_s=… partial_states=0 reconnects=…
 //
 // The server's memory per stream is over what it held before the first
 // stream: rss_peak is its resident high-water mark (VmHWM) through the sync
@@ -66,6 +66,8 @@ import (
 // new process's start to every stream holding the full state again.
 // partial_states counts responses that lacked part of the served state
 // (an empty one included): a node that took one would have removed VIPs.
+// reconnects counts the streams that broke before the restart (a stream
+// reconnects at once).
 func BenchmarkFleet(b *testing.B) {
 	streams := 5000
 	if v := os.Getenv("L4XDS_BENCH_FLEET_STREAMS"); v != "" {
@@ -103,6 +105,8 @@ type fleet struct {
 	cpuPerChange                      time.Duration // server CPU per stream and change
 	restart                           time.Duration
 	partial                           int64
+	// reconnects: streams that broke before the restart
+	reconnects int64
 }
 
 func (f fleet) String() string {
@@ -110,10 +114,10 @@ func (f fleet) String() string {
 	return fmt.Sprintf("BENCH fleet streams=%d shape=%s change_ack_p50_ms=%s change_ack_p99_ms=%s change_ack_max_ms=%s "+
 		"server_rss_peak_bytes_per_stream=%d server_rss_rest_bytes_per_stream=%d server_heap_live_bytes_per_stream=%d "+
 		"server_stack_bytes_per_stream=%d server_goroutines_per_stream=%.2f "+
-		"server_cpu_us_per_stream_change=%.1f restart_all_synced_s=%.3f partial_states=%d",
+		"server_cpu_us_per_stream_change=%.1f restart_all_synced_s=%.3f partial_states=%d reconnects=%d",
 		f.streams, f.shape, ms(quantile(f.latencies, 0.5)), ms(quantile(f.latencies, 0.99)), ms(f.latencies[len(f.latencies)-1]),
 		f.rssPeak, f.rssRest, f.heapLive, f.stack, f.goroutines,
-		float64(f.cpuPerChange.Microseconds()), f.restart.Seconds(), f.partial)
+		float64(f.cpuPerChange.Microseconds()), f.restart.Seconds(), f.partial, f.reconnects)
 }
 
 func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
@@ -149,10 +153,10 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 		cancel()
 		wg.Wait()
 	})
-	var partial atomic.Int64
+	var partial, reconnects atomic.Int64
 	nodes := make([]*fleetNode, streams)
 	for i := range nodes {
-		nodes[i] = &fleetNode{id: "node-" + strconv.Itoa(i), want: s.N, partial: &partial}
+		nodes[i] = &fleetNode{id: "node-" + strconv.Itoa(i), want: s.N, partial: &partial, reconnects: &reconnects}
 		wg.Go(func() { nodes[i].run(ctx, addr, tlsConfig) })
 	}
 	synced := func(round int) bool {
@@ -226,6 +230,8 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 	f.stack = perStream(rt.stack, runtimeBefore.stack)
 	f.goroutines = (rt.goroutines - runtimeBefore.goroutines) / float64(streams)
 	f.rssRest = perStream(restingRSS(tb, cp.Cmd.Process.Pid), rssBefore)
+
+	f.reconnects = reconnects.Load()
 
 	// The restart storm: every stream reconnects at once to a new process.
 	cp.Kill()
@@ -478,11 +484,17 @@ type fleetNode struct {
 	partial *atomic.Int64
 
 	connected atomic.Bool
-	// round counts the EDS versions received; times holds when each came.
-	round  atomic.Int64
-	mu     sync.Mutex
-	times  []time.Time
-	resync atomic.Bool // set by the test; cleared once a full state came
+	// reconnects counts the streams that broke, the restart's aside.
+	reconnects *atomic.Int64
+	// round counts the EDS versions received, over the node's streams:
+	// a new stream's first response is the version the node holds
+	// already, unless the fleet changed meanwhile. times holds when each
+	// came.
+	edsVersion string
+	round      atomic.Int64
+	mu         sync.Mutex
+	times      []time.Time
+	resync     atomic.Bool // set by the test; cleared once a full state came
 }
 
 func (n *fleetNode) at(round int) time.Time {
@@ -495,6 +507,9 @@ func (n *fleetNode) run(ctx context.Context, addr string, tlsConfig *tls.Config)
 	for ctx.Err() == nil {
 		err := n.stream(ctx, addr, tlsConfig)
 		n.connected.Store(false)
+		if ctx.Err() == nil && !n.resync.Load() {
+			n.reconnects.Add(1)
+		}
 		if ctx.Err() == nil && err != nil {
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -523,7 +538,6 @@ func (n *fleetNode) stream(ctx context.Context, addr string, tlsConfig *tls.Conf
 		return err
 	}
 	n.connected.Store(true)
-	var edsVersion string
 	full := map[string]bool{}
 	for {
 		resp, err := st.Recv()
@@ -536,8 +550,8 @@ func (n *fleetNode) stream(ctx context.Context, addr string, tlsConfig *tls.Conf
 		} else {
 			full[resp.GetTypeUrl()] = true
 		}
-		if resp.GetTypeUrl() == xds.EndpointType && resp.GetVersionInfo() != edsVersion && !n.resync.Load() {
-			edsVersion = resp.GetVersionInfo()
+		if resp.GetTypeUrl() == xds.EndpointType && resp.GetVersionInfo() != n.edsVersion && !n.resync.Load() {
+			n.edsVersion = resp.GetVersionInfo()
 			n.mu.Lock()
 			n.times = append(n.times, now)
 			n.mu.Unlock()
