@@ -104,14 +104,20 @@ func (s *sotwServer) serve(st sotwStreamServer, defaultTypeURL string) error {
 	for {
 		req, err := st.Recv()
 		if err != nil {
-			ss.turn.Lock()
-			defer ss.turn.Unlock()
-			return ss.sendErr
+			// The client went, or the stream broke: a failed send
+			// says more.
+			return ss.failed()
 		}
 		if err := ss.handle(req, defaultTypeURL); err != nil {
 			return err
 		}
 	}
+}
+
+func (ss *sotwStream) failed() error {
+	ss.turn.Lock()
+	defer ss.turn.Unlock()
+	return ss.sendErr
 }
 
 // handle opens the watch req asks for, in place of its type's last one.
