@@ -431,3 +431,29 @@ func TestSotwServerHoldsAResponseItCannotMarshal(t *testing.T) {
 		t.Fatalf("got %v, want the two clusters of the last Set", slices.Sorted(maps.Keys(msgs)))
 	}
 }
+
+// Streams that come and go with names of their own between changes do not
+// grow the answers kept without bound.
+func TestSotwCacheBoundsItsAnswers(t *testing.T) {
+	c := newSotwCache(resource.EndpointType, "p-")
+	upd := map[string]types.Resource{}
+	for name, m := range fleetResources(t, 3, 0)[resource.EndpointType] {
+		upd[name] = m
+	}
+	if err := c.update(upd, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 * maxAnswers {
+		sub := newSotwSub(c, []string{"svc-0", "node-" + strconv.Itoa(i)})
+		w := &sotwWatch{sub: sub, deliver: func(*sotwResponse) {}}
+		c.open(w, "")
+		c.cancel(w)
+		sub.close()
+	}
+	if n := len(c.answers); n > maxAnswers {
+		t.Errorf("%d answers kept, want at most %d", n, maxAnswers)
+	}
+	if n := len(c.nameSets); n != 0 {
+		t.Errorf("%d name sets kept after every stream went, want none", n)
+	}
+}

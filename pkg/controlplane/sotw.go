@@ -62,6 +62,10 @@ type sotwCache struct {
 	nameSets map[string]*nameSet
 }
 
+// maxAnswers, with two per open watch, bounds the answers kept between
+// changes.
+const maxAnswers = 1024
+
 // answerKey is the state of a sotwSub: what it holds and subscribes to.
 // The pointers keep what they point to, so that no other state can take
 // their addresses while an answer is kept.
@@ -256,6 +260,12 @@ func (c *sotwCache) respondLocked(w *sotwWatch, replyEvenIfEmpty bool) *sotwResp
 		key := answerKey{known: sub.known, names: sub.names, wildcard: sub.wildcard}
 		if a = c.answers[key]; a == nil {
 			a = c.answerLocked(sub)
+			// Between changes, streams that come and go with names of
+			// their own add states; forgetting them all costs only
+			// the sharing of those computed again.
+			if len(c.answers) >= maxAnswers+2*len(c.watches) {
+				clear(c.answers)
+			}
 			c.answers[key] = a
 		}
 	} else {
