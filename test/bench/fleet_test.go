@@ -78,14 +78,14 @@ func BenchmarkFleet(b *testing.B) {
 		streams = n
 	}
 	for range b.N {
-		fmt.Println(measureFleet(b, streams, shape{100, 10}, 5))
+		fmt.Println(measureFleet(b, streams, shape{100, 10}, 5, 10*time.Second))
 	}
 }
 
 // The same harness on a small fleet: every stream gets every change and
 // the state back after a restart, and never a partial one.
 func TestFleet(t *testing.T) {
-	f := measureFleet(t, 40, shape{20, 3}, 2)
+	f := measureFleet(t, 40, shape{20, 3}, 2, time.Second)
 	t.Log(f)
 	if len(f.latencies) != 40*2 || f.partial != 0 || f.restart <= 0 || f.rssPeak == 0 || f.goroutines == 0 {
 		t.Errorf("fleet = %+v", f)
@@ -120,7 +120,9 @@ func (f fleet) String() string {
 		float64(f.cpuPerChange.Microseconds()), f.restart.Seconds(), f.partial, f.reconnects)
 }
 
-func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
+// measureFleet runs streams against the shape's resources through changes;
+// its resident memory is at rest once it has not fallen for settle.
+func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.Duration) fleet {
 	bin := os.Getenv("L4XDS_BIN")
 	if bin == "" {
 		tb.Skip("needs L4XDS_BIN, the directory of the built binaries (make test sets it)")
@@ -229,7 +231,7 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 	f.heapLive = perStream(rt.heapLive, runtimeBefore.heapLive)
 	f.stack = perStream(rt.stack, runtimeBefore.stack)
 	f.goroutines = (rt.goroutines - runtimeBefore.goroutines) / float64(streams)
-	f.rssRest = perStream(restingRSS(tb, cp.Cmd.Process.Pid), rssBefore)
+	f.rssRest = perStream(restingRSS(tb, cp.Cmd.Process.Pid, settle), rssBefore)
 
 	f.reconnects = reconnects.Load()
 
@@ -262,12 +264,12 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 }
 
 // restingRSS is pid's resident memory once it has stopped falling: not by
-// more than 0.5 % in 10 s, or after 3 minutes. The Go runtime returns the
-// pages freed by a collection to the system in the background.
-func restingRSS(tb testing.TB, pid int) int64 {
+// more than 0.5 % for settle, or after 3 minutes. The Go runtime returns
+// the pages freed by a collection to the system in the background.
+func restingRSS(tb testing.TB, pid int, settle time.Duration) int64 {
 	low := procStatus(tb, pid, "VmRSS")
 	fell := time.Now()
-	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline) && time.Since(fell) < 10*time.Second; {
+	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline) && time.Since(fell) < settle; {
 		time.Sleep(time.Second)
 		rss := procStatus(tb, pid, "VmRSS")
 		if rss < low-low/200 {
