@@ -5,8 +5,10 @@
 // It owns the path from a resource file to the wire: parsing Envoy resources
 // written in YAML or JSON (the CFP's `resource: {'@type': ...}` form, bare
 // resources, or Envoy's filesystem `resources: [...]` form), holding them in
-// go-control-plane linear caches (one per type URL), and serving them over
-// ADS, SotW and Delta, with mTLS. A watched file is re-applied on every edit;
+// caches per type URL (our own for SotW streams, which it serves itself, so
+// that a fleet's streams share what they hold; go-control-plane's linear
+// caches and server for Delta), and serving them over ADS, SotW and Delta,
+// with mTLS. A watched file is re-applied on every edit;
 // only the resources that changed are sent to clients, and a bad edit leaves
 // the last good state in place.
 //

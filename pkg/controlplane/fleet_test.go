@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -93,6 +94,9 @@ type fakeStream struct {
 	version string
 	ch      chan cache.Response
 	cancel  func()
+	// shared: the stream is sotwServer's, its state a sotwSub.
+	shared bool
+	ours   *sotwSub
 }
 
 // sotwWatcher is the SotW half of cache.ConfigWatcher.
@@ -105,15 +109,27 @@ func (f *fakeStream) request(t *testing.T, c sotwWatcher, names []string, versio
 	if f.cancel != nil {
 		f.cancel()
 	}
+	v := f.version
+	if version != nil {
+		v = *version
+	}
+	if f.shared {
+		c := c.(*sotwCache)
+		if f.ours == nil {
+			f.ours = newSotwSub(c, names)
+		} else {
+			f.ours.setNames(names)
+		}
+		w := &sotwWatch{sub: f.ours, deliver: func(r *sotwResponse) { f.ch <- r }}
+		c.open(w, v)
+		f.cancel = func() { c.cancel(w) }
+		return
+	}
 	if !f.started {
 		f.sub = stream.NewSotwSubscription(names, true)
 		f.started = true
 	} else {
 		f.sub.SetResourceSubscription(names)
-	}
-	v := f.version
-	if version != nil {
-		v = *version
 	}
 	var err error
 	f.cancel, err = c.CreateWatch(&cache.Request{TypeUrl: f.typeURL, ResourceNames: names, VersionInfo: v}, &f.sub, f.ch)
@@ -138,6 +154,9 @@ func (f *fakeStream) take(t *testing.T) string {
 		}
 		slices.Sort(names)
 		f.sub.SetReturnedResources(resp.GetReturnedResources())
+		if f.shared {
+			f.ours.known = resp.(*sotwResponse).known
+		}
 		f.version = out.GetVersionInfo()
 		return fmt.Sprintf("version %s resources %v known %v", out.GetVersionInfo(), names, resp.GetReturnedResources())
 	default:
@@ -146,7 +165,8 @@ func (f *fakeStream) take(t *testing.T) string {
 }
 
 // sotwCache answers exactly as cache.LinearCache does, for full-state
-// (CDS) and other (EDS) types, wildcard and named subscriptions.
+// (CDS) and other (EDS) types, wildcard and named subscriptions, and so
+// for sotwServer's streams, whose state it shares.
 func TestSotwCacheAnswersAsLinearCache(t *testing.T) {
 	res := fleetResources(t, 4, 0)
 	changed := fleetResources(t, 4, 1)
@@ -193,10 +213,15 @@ func TestSotwCacheAnswersAsLinearCache(t *testing.T) {
 				theirs := cache.NewLinearCache(typeURL, cache.WithVersionPrefix("p-"))
 				a := &fakeStream{typeURL: typeURL, ch: make(chan cache.Response, 1)}
 				b := &fakeStream{typeURL: typeURL, ch: make(chan cache.Response, 1)}
+				// Two streams of sotwServer, in the same state.
+				c := &fakeStream{typeURL: typeURL, ch: make(chan cache.Response, 1), shared: true}
+				d := &fakeStream{typeURL: typeURL, ch: make(chan cache.Response, 1), shared: true}
 				for i, s := range steps {
 					if s.request {
 						a.request(t, ours, s.names, s.versionOverride)
 						b.request(t, theirs, s.names, s.versionOverride)
+						c.request(t, ours, s.names, s.versionOverride)
+						d.request(t, ours, s.names, s.versionOverride)
 					} else {
 						if err := ours.update(s.update, s.toDelete); err != nil {
 							t.Fatal(err)
@@ -205,8 +230,11 @@ func TestSotwCacheAnswersAsLinearCache(t *testing.T) {
 							t.Fatal(err)
 						}
 					}
-					if got, want := a.take(t), b.take(t); got != want {
-						t.Fatalf("step %d %+v: got %s, LinearCache: %s", i, s, got, want)
+					want := b.take(t)
+					for _, f := range []*fakeStream{a, c, d} {
+						if got := f.take(t); got != want {
+							t.Fatalf("step %d %+v: got %s (shared state %v), LinearCache: %s", i, s, got, f.shared, want)
+						}
 					}
 				}
 			})
@@ -328,5 +356,104 @@ func TestServerFleetOfStreams(t *testing.T) {
 		if len(versions) != 1 {
 			t.Fatalf("change %d: streams got versions %v, want one", r, versions)
 		}
+	}
+}
+
+// Streams in the same state share it: what they subscribe to and what
+// they hold of each type, whatever order their requests name it in.
+func TestSotwServerSharesStreamState(t *testing.T) {
+	env := startServer(t)
+	if err := env.srv.Set(fleetResources(t, 3, 0)); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"svc-0", "svc-1", "svc-2"}
+	const streams = 4
+	for range streams {
+		c := env.sotw(t, map[string][]string{resource.ClusterType: nil, resource.EndpointType: names})
+		c.recvTypes(2) // and ACKed: each type's watch is open again
+	}
+	for _, typeURL := range []string{resource.ClusterType, resource.EndpointType} {
+		tc, err := env.srv.caches.get(typeURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := tc.sotw
+		eventually(t, "every stream's ACK to open a watch", func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return len(c.watches) == streams
+		})
+		c.mu.Lock()
+		states := map[answerKey]int{}
+		for w := range c.watches {
+			sub := w.sub.(*sotwSub)
+			states[answerKey{sub.known, sub.names, sub.wildcard}]++
+			if len(sub.known.get()) != 3 {
+				t.Errorf("%s: a stream holds %v, want 3 resources", typeURL, sub.known.get())
+			}
+		}
+		c.mu.Unlock()
+		if len(states) != 1 {
+			t.Errorf("%s: %d states among %d streams, want one shared", typeURL, len(states), streams)
+		}
+	}
+}
+
+// A response that cannot be marshalled is not sent: the stream keeps its
+// watch and gets the next state that can be.
+func TestSotwServerHoldsAResponseItCannotMarshal(t *testing.T) {
+	env := startServer(t)
+	cfp := cfpResources(t)
+	if err := env.srv.Set(cfp); err != nil {
+		t.Fatal(err)
+	}
+	c := env.sotw(t, map[string][]string{resource.ClusterType: nil})
+	if _, msgs := c.recv(); len(msgs) != 1 {
+		t.Fatalf("first response: %v", msgs)
+	}
+	bad := cloneResources(cfp)
+	// Invalid UTF-8 in a string field: proto.Marshal refuses it.
+	if err := bad.Add(&clusterv3.Cluster{Name: "bad", AltStatName: "\xff"}); err == nil {
+		if err := env.srv.Set(bad); err == nil {
+			t.Fatal("Set with an unmarshallable cluster succeeded")
+		}
+	} else {
+		t.Fatal(err)
+	}
+	next := cloneResources(cfp)
+	if err := next.Add(&clusterv3.Cluster{Name: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.srv.Set(next); err != nil {
+		t.Fatal(err)
+	}
+	if _, msgs := c.recv(); len(msgs) != 2 || msgs["web"] == nil {
+		t.Fatalf("got %v, want the two clusters of the last Set", slices.Sorted(maps.Keys(msgs)))
+	}
+}
+
+// Streams that come and go with names of their own between changes do not
+// grow the answers kept without bound.
+func TestSotwCacheBoundsItsAnswers(t *testing.T) {
+	c := newSotwCache(resource.EndpointType, "p-")
+	upd := map[string]types.Resource{}
+	for name, m := range fleetResources(t, 3, 0)[resource.EndpointType] {
+		upd[name] = m
+	}
+	if err := c.update(upd, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 * maxAnswers {
+		sub := newSotwSub(c, []string{"svc-0", "node-" + strconv.Itoa(i)})
+		w := &sotwWatch{sub: sub, deliver: func(*sotwResponse) {}}
+		c.open(w, "")
+		c.cancel(w)
+		sub.close()
+	}
+	if n := len(c.answers); n > maxAnswers {
+		t.Errorf("%d answers kept, want at most %d", n, maxAnswers)
+	}
+	if n := len(c.nameSets); n != 0 {
+		t.Errorf("%d name sets kept after every stream went, want none", n)
 	}
 }

@@ -46,9 +46,16 @@ const (
 	KeepaliveMinTime = 10 * time.Second
 )
 
-// readBufferSize is each connection's read buffer: a request is a few
-// hundred bytes, a NACK's message a few KiB.
-const readBufferSize = 4 << 10
+// readBufferSize is each plaintext connection's read buffer: a request is
+// a few hundred bytes, a NACK's message a few KiB. gRPC takes it from a
+// pool while a read is ready. A TLS connection has none: TLS holds a
+// whole record already, and gRPC would keep the buffer per connection.
+func readBufferSize(tls bool) int {
+	if tls {
+		return 0
+	}
+	return 4 << 10
+}
 
 // maxConnectionAgeGrace lets a stream whose connection reached its age end
 // (a response being sent completes); none without an age.
@@ -118,7 +125,8 @@ func NewServer(opts Options) *Server {
 	if opts.Registerer != nil {
 		cb.metrics = newServerMetrics(opts.Registerer, cb)
 	}
-	xs := xdsserver.NewServer(ctx, caches, cb)
+	// go-control-plane serves Delta streams; SotW ones are ours.
+	xs := xdsServices{xdsserver.NewServer(ctx, caches, cb), &sotwServer{caches: caches, cb: cb, log: logger}}
 
 	gopts := []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout,
@@ -129,7 +137,7 @@ func NewServer(opts Options) *Server {
 		// rather than kept per connection, and the read buffer is sized
 		// for ACKs (32 KiB each by default).
 		grpc.SharedWriteBuffer(true),
-		grpc.ReadBufferSize(readBufferSize),
+		grpc.ReadBufferSize(readBufferSize(opts.TLS != nil)),
 		// SotW responses share their resources' encoding (see codec).
 		grpc.ForceServerCodecV2(newCodec()),
 	}

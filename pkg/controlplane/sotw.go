@@ -32,6 +32,13 @@ import (
 //     subscribe to: a stream opens a watch on every ACK, and indexing it
 //     under its hundred names (and removing it again) cost more than
 //     looking at every watch once per change.
+//   - The streams of sotwServer share what they subscribe to and what
+//     they hold (see sotwSub): the cache works out what such a stream
+//     lacks once per version for all the streams in the same state.
+//
+// A response whose resources cannot all be marshalled is not sent: the
+// watch stays open until a change makes it whole (Server.Set reports the
+// resource), and the client keeps what it has meanwhile.
 type sotwCache struct {
 	typeURL string
 	prefix  string
@@ -47,6 +54,59 @@ type sotwCache struct {
 	// sets are the resource sets of responses built at the current
 	// version, by fingerprint; a change starts them anew.
 	sets map[uint64][]*sharedSet
+	// answers are what streams of a shared state lack at the current
+	// version; a change starts them anew.
+	answers map[answerKey]*sotwAnswer
+	// nameSets are the subscriptions of sotwServer's streams, by their
+	// names.
+	nameSets map[string]*nameSet
+}
+
+// maxAnswers, with two per open watch, bounds the answers kept between
+// changes.
+const maxAnswers = 1024
+
+// answerKey is the state of a sotwSub: what it holds and subscribes to.
+// The pointers keep what they point to, so that no other state can take
+// their addresses while an answer is kept.
+type answerKey struct {
+	known    *knownSet
+	names    *nameSet
+	wildcard bool
+}
+
+// sotwAnswer is what a subscription in some state lacks.
+type sotwAnswer struct {
+	// changed: a resource it subscribes to changed, or (for a full-state
+	// type) went.
+	changed  bool
+	toReturn []*sotwResource
+	set      *sharedSet // of toReturn, made on first use
+	// known is what it holds once answered.
+	known *knownSet
+}
+
+// knownSet is what a stream holds of a type: each resource's version as
+// last sent. It is never modified, and shared by the streams that hold the
+// same; nil is nothing.
+type knownSet struct{ versions map[string]string }
+
+func (k *knownSet) get() map[string]string {
+	if k == nil {
+		return nil
+	}
+	return k.versions
+}
+
+// nameSet is the resource names of SotW requests, shared by the
+// subscriptions whose requests name the same in the same order (see
+// sotwCache.internNames).
+type nameSet struct {
+	list     []string // as the requests name them
+	names    map[string]struct{}
+	wildcard bool // "*" among them
+	refs     int
+	interned bool
 }
 
 // sotwResource is a resource as served: marshalled once.
@@ -70,10 +130,21 @@ type sharedSet struct {
 	encoded []byte
 }
 
+// sotwWatch is a stream's open watch: its response is sent on ch
+// (cache.ConfigWatcher's watches) or given to deliver (sotwServer's).
 type sotwWatch struct {
-	req *cache.Request
-	sub cache.Subscription
-	ch  chan cache.Response
+	req     *cache.Request // nil for sotwServer's
+	sub     cache.Subscription
+	ch      chan cache.Response
+	deliver func(*sotwResponse)
+}
+
+func (w *sotwWatch) answer(r *sotwResponse) {
+	if w.deliver != nil {
+		w.deliver(r)
+		return
+	}
+	w.ch <- r
 }
 
 func newSotwCache(typeURL, prefix string) *sotwCache {
@@ -84,6 +155,8 @@ func newSotwCache(typeURL, prefix string) *sotwCache {
 		resources: map[string]*sotwResource{},
 		watches:   map[*sotwWatch]struct{}{},
 		sets:      map[uint64][]*sharedSet{},
+		answers:   map[answerKey]*sotwAnswer{},
+		nameSets:  map[string]*nameSet{},
 	}
 }
 
@@ -104,6 +177,7 @@ func (c *sotwCache) update(toUpdate map[string]types.Resource, toDelete []string
 		}
 	}
 	clear(c.sets)
+	clear(c.answers)
 	var errs []error
 	for name, res := range toUpdate {
 		c.nextID++
@@ -125,7 +199,7 @@ func (c *sotwCache) update(toUpdate map[string]types.Resource, toDelete []string
 		}
 		if resp := c.respondLocked(w, false); resp != nil {
 			delete(c.watches, w)
-			w.ch <- resp
+			w.answer(resp)
 		}
 	}
 	return errors.Join(errs...)
@@ -152,30 +226,69 @@ func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription, ch c
 	if req.GetTypeUrl() != c.typeURL {
 		return nil, fmt.Errorf("request type %s does not match cache type %s", req.GetTypeUrl(), c.typeURL)
 	}
+	w := &sotwWatch{req: req, sub: sub, ch: ch}
+	c.open(w, req.GetVersionInfo())
+	return func() { c.cancel(w) }, nil
+}
+
+// open answers w at once when its stream, whose request holds version,
+// lacks something, or keeps it until a change.
+func (c *sotwCache) open(w *sotwWatch, version string) {
 	// A client without a version, or with one of another process, gets
 	// what it asks for even if that is nothing.
-	replyEvenIfEmpty := req.GetVersionInfo() == "" || !strings.HasPrefix(req.GetVersionInfo(), c.prefix)
-	w := &sotwWatch{req: req, sub: sub, ch: ch}
+	replyEvenIfEmpty := version == "" || !strings.HasPrefix(version, c.prefix)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if resp := c.respondLocked(w, replyEvenIfEmpty); resp != nil {
-		w.ch <- resp
-		return func() {}, nil
+		w.answer(resp)
+		return
 	}
 	c.watches[w] = struct{}{}
-	return func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		delete(c.watches, w)
-	}, nil
+}
+
+// cancel closes w: no response comes after it returns.
+func (c *sotwCache) cancel(w *sotwWatch) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.watches, w)
 }
 
 // respondLocked is the response w needs, or nil.
 func (c *sotwCache) respondLocked(w *sotwWatch, replyEvenIfEmpty bool) *sotwResponse {
-	known := w.sub.ReturnedResources()
+	var a *sotwAnswer
+	if sub, ok := w.sub.(*sotwSub); ok {
+		key := answerKey{known: sub.known, names: sub.names, wildcard: sub.wildcard}
+		if a = c.answers[key]; a == nil {
+			a = c.answerLocked(sub)
+			// Between changes, streams that come and go with names of
+			// their own add states; forgetting them all costs only
+			// the sharing of those computed again.
+			if len(c.answers) >= maxAnswers+2*len(c.watches) {
+				clear(c.answers)
+			}
+			c.answers[key] = a
+		}
+	} else {
+		a = c.answerLocked(w.sub)
+	}
+	if !a.changed && !replyEvenIfEmpty {
+		return nil
+	}
+	if a.set == nil {
+		a.set = c.setLocked(a.toReturn)
+	}
+	if a.set.err != nil {
+		return nil
+	}
+	return &sotwResponse{req: w.req, typeURL: c.typeURL, version: c.versionLocked(), set: a.set, known: a.known}
+}
+
+// answerLocked works out what sub lacks.
+func (c *sotwCache) answerLocked(sub cache.Subscription) *sotwAnswer {
+	known := sub.ReturnedResources()
 	var changed []*sotwResource
 	var removed []string
-	if w.sub.IsWildcard() {
+	if sub.IsWildcard() {
 		for name, r := range c.resources {
 			if v, ok := known[name]; !ok || v != r.version {
 				changed = append(changed, r)
@@ -187,7 +300,7 @@ func (c *sotwCache) respondLocked(w *sotwWatch, replyEvenIfEmpty bool) *sotwResp
 			}
 		}
 	} else {
-		subscribed := w.sub.SubscribedResources()
+		subscribed := sub.SubscribedResources()
 		for name := range subscribed {
 			r, exists := c.resources[name]
 			v, isKnown := known[name]
@@ -208,40 +321,74 @@ func (c *sotwCache) respondLocked(w *sotwWatch, replyEvenIfEmpty bool) *sotwResp
 			}
 		}
 	}
-	if len(changed) == 0 && len(removed) == 0 && !replyEvenIfEmpty {
-		return nil
-	}
 
-	toReturn := changed
+	a := &sotwAnswer{toReturn: changed}
 	switch {
 	case !c.fullState:
 		// Only what changed: SotW cannot say that a resource of such a
 		// type is gone, so a removal alone sends nothing.
-		if !replyEvenIfEmpty && len(changed) == 0 {
-			return nil
-		}
-	case w.sub.IsWildcard():
-		toReturn = slices.Collect(maps.Values(c.resources))
+		a.changed = len(changed) > 0
+	case sub.IsWildcard():
+		a.changed = len(changed) > 0 || len(removed) > 0
+		a.toReturn = slices.Collect(maps.Values(c.resources))
 	default:
-		toReturn = toReturn[:0:0]
-		for name := range w.sub.SubscribedResources() {
+		a.changed = len(changed) > 0 || len(removed) > 0
+		a.toReturn = nil
+		for name := range sub.SubscribedResources() {
 			if r, ok := c.resources[name]; ok {
-				toReturn = append(toReturn, r)
+				a.toReturn = append(a.toReturn, r)
 			}
 		}
 	}
 
 	returned := maps.Clone(known)
 	if returned == nil {
-		returned = make(map[string]string, len(toReturn))
+		returned = make(map[string]string, len(a.toReturn))
 	}
-	for _, r := range toReturn {
+	for _, r := range a.toReturn {
 		returned[r.name] = r.version
 	}
 	for _, name := range removed {
 		delete(returned, name)
 	}
-	return &sotwResponse{req: w.req, version: c.versionLocked(), set: c.setLocked(toReturn), returned: returned}
+	if len(returned) > 0 {
+		a.known = &knownSet{returned}
+	}
+	return a
+}
+
+// internNames returns the nameSet of list, shared with the subscriptions
+// that name the same; releaseNames gives it back.
+func (c *sotwCache) internNames(list []string) *nameSet {
+	key := strings.Join(list, "\x00")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ns := c.nameSets[key]
+	if ns != nil && slices.Equal(ns.list, list) {
+		ns.refs++
+		return ns
+	}
+	taken := ns != nil // by other names that contain the separator
+	ns = &nameSet{list: slices.Clone(list), names: make(map[string]struct{}, len(list)), refs: 1, interned: !taken}
+	for _, name := range list {
+		if name == explicitWildcard {
+			ns.wildcard = true
+		} else {
+			ns.names[name] = struct{}{}
+		}
+	}
+	if ns.interned {
+		c.nameSets[key] = ns
+	}
+	return ns
+}
+
+func (c *sotwCache) releaseNames(ns *nameSet) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ns.refs--; ns.refs == 0 && ns.interned {
+		delete(c.nameSets, strings.Join(ns.list, "\x00"))
+	}
 }
 
 // setLocked returns the shared set of rs, made on first use at this
@@ -307,10 +454,11 @@ func mix64(x uint64) uint64 {
 // every other response of the same set; the DiscoveryResponse around them
 // is new on every call, since the server sets the stream's nonce in it.
 type sotwResponse struct {
-	req      *cache.Request
-	version  string
-	set      *sharedSet
-	returned map[string]string
+	req     *cache.Request // nil for sotwServer's streams
+	typeURL string
+	version string
+	set     *sharedSet
+	known   *knownSet // what the stream holds once it has the response
 }
 
 var _ cache.Response = (*sotwResponse)(nil)
@@ -319,11 +467,11 @@ func (r *sotwResponse) GetDiscoveryResponse() (*discovery.DiscoveryResponse, err
 	if r.set.err != nil {
 		return nil, r.set.err
 	}
-	return &discovery.DiscoveryResponse{VersionInfo: r.version, Resources: r.set.anys, TypeUrl: r.req.GetTypeUrl()}, nil
+	return &discovery.DiscoveryResponse{VersionInfo: r.version, Resources: r.set.anys, TypeUrl: r.typeURL}, nil
 }
 
 func (r *sotwResponse) GetRequest() *discovery.DiscoveryRequest { return r.req }
 func (r *sotwResponse) GetVersion() (string, error)             { return r.version, nil }
 func (r *sotwResponse) GetResponseVersion() string              { return r.version }
-func (r *sotwResponse) GetReturnedResources() map[string]string { return r.returned }
+func (r *sotwResponse) GetReturnedResources() map[string]string { return r.known.get() }
 func (r *sotwResponse) GetContext() context.Context             { return context.Background() }

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,9 +47,18 @@ import (
 // BenchmarkFleet prints, for L4XDS_BENCH_FLEET_STREAMS streams (5000):
 //
 //	BENCH fleet streams=… shape=… change_ack_p50_ms=… change_ack_p99_ms=… change_ack_max_ms=…
-//	  server_rss_bytes_per_stream=… server_cpu_us_per_stream_change=…
-//	  restart_all_synced_s=… partial_states=0
+//	  server_rss_peak_bytes_per_stream=… server_rss_rest_bytes_per_stream=…
+//	  server_heap_live_bytes_per_stream=… server_stack_bytes_per_stream=…
+//	  server_goroutines_per_stream=… server_cpu_us_per_stream_change=…
+//	  restart_all_synced_s=… partial_states=0 reconnects=…
 //
+// The server's memory per stream is over what it held before the first
+// stream: rss_peak is its resident high-water mark (VmHWM) through the sync
+// and the changes, rss_rest its resident memory at rest after the changes:
+// after two collections (an idle Go process makes one every 2 minutes),
+// once it has stopped falling (the runtime returns freed pages to the
+// system in the background). heap_live (after those collections), stack
+// and goroutines are the runtime's figures at rest.
 // change_ack: from the file's write to each stream's receipt of the new
 // version (its ACK follows at once), over several changes; its max is the
 // time until every node has it. restart: the server SIGKILLed and started
@@ -56,6 +66,8 @@ import (
 // new process's start to every stream holding the full state again.
 // partial_states counts responses that lacked part of the served state
 // (an empty one included): a node that took one would have removed VIPs.
+// reconnects counts the streams that broke before the restart (a stream
+// reconnects at once).
 func BenchmarkFleet(b *testing.B) {
 	streams := 5000
 	if v := os.Getenv("L4XDS_BENCH_FLEET_STREAMS"); v != "" {
@@ -66,16 +78,16 @@ func BenchmarkFleet(b *testing.B) {
 		streams = n
 	}
 	for range b.N {
-		fmt.Println(measureFleet(b, streams, shape{100, 10}, 5))
+		fmt.Println(measureFleet(b, streams, shape{100, 10}, 5, 10*time.Second))
 	}
 }
 
 // The same harness on a small fleet: every stream gets every change and
 // the state back after a restart, and never a partial one.
 func TestFleet(t *testing.T) {
-	f := measureFleet(t, 40, shape{20, 3}, 2)
+	f := measureFleet(t, 40, shape{20, 3}, 2, time.Second)
 	t.Log(f)
-	if len(f.latencies) != 40*2 || f.partial != 0 || f.restart <= 0 || f.rssPerStream == 0 {
+	if len(f.latencies) != 40*2 || f.partial != 0 || f.restart <= 0 || f.rssPeak == 0 || f.goroutines == 0 {
 		t.Errorf("fleet = %+v", f)
 	}
 }
@@ -85,22 +97,32 @@ type fleet struct {
 	shape   shape
 	// latencies from a change's write to its receipt, every stream and
 	// change, sorted.
-	latencies    []time.Duration
-	rssPerStream int64
-	cpuPerChange time.Duration // server CPU per stream and change
-	restart      time.Duration
-	partial      int64
+	latencies []time.Duration
+	// memory per stream, over the server's before the first stream (see
+	// BenchmarkFleet)
+	rssPeak, rssRest, heapLive, stack int64
+	goroutines                        float64
+	cpuPerChange                      time.Duration // server CPU per stream and change
+	restart                           time.Duration
+	partial                           int64
+	// reconnects: streams that broke before the restart
+	reconnects int64
 }
 
 func (f fleet) String() string {
 	ms := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds()*1000, 'f', 1, 64) }
 	return fmt.Sprintf("BENCH fleet streams=%d shape=%s change_ack_p50_ms=%s change_ack_p99_ms=%s change_ack_max_ms=%s "+
-		"server_rss_bytes_per_stream=%d server_cpu_us_per_stream_change=%.1f restart_all_synced_s=%.3f partial_states=%d",
+		"server_rss_peak_bytes_per_stream=%d server_rss_rest_bytes_per_stream=%d server_heap_live_bytes_per_stream=%d "+
+		"server_stack_bytes_per_stream=%d server_goroutines_per_stream=%.2f "+
+		"server_cpu_us_per_stream_change=%.1f restart_all_synced_s=%.3f partial_states=%d reconnects=%d",
 		f.streams, f.shape, ms(quantile(f.latencies, 0.5)), ms(quantile(f.latencies, 0.99)), ms(f.latencies[len(f.latencies)-1]),
-		f.rssPerStream, float64(f.cpuPerChange.Microseconds()), f.restart.Seconds(), f.partial)
+		f.rssPeak, f.rssRest, f.heapLive, f.stack, f.goroutines,
+		float64(f.cpuPerChange.Microseconds()), f.restart.Seconds(), f.partial, f.reconnects)
 }
 
-func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
+// measureFleet runs streams against the shape's resources through changes;
+// its resident memory is at rest once it has not fallen for settle.
+func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.Duration) fleet {
 	bin := os.Getenv("L4XDS_BIN")
 	if bin == "" {
 		tb.Skip("needs L4XDS_BIN, the directory of the built binaries (make test sets it)")
@@ -111,16 +133,19 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 	}
 	file := filepath.Join(dir, "resources.json")
 	writeFleetState(tb, file, s, 0)
-	// L4XDS_BENCH_FLEET_PROFILE=DIR writes the server's heap profile once
-	// every stream is synced and its CPU profile over the changes
-	// (L4XDS_BENCH_FLEET_PROFILE_SECONDS, 30) into DIR.
+	// The server serves its metrics and profiles, read at rest.
+	// L4XDS_BENCH_FLEET_PROFILE=DIR also writes its heap and goroutine
+	// profiles and metrics at rest after the changes, and its CPU profile
+	// over the changes (L4XDS_BENCH_FLEET_PROFILE_SECONDS, 30), into DIR.
 	profileDir := os.Getenv("L4XDS_BENCH_FLEET_PROFILE")
-	var extra []string
-	if profileDir != "" {
-		extra = []string{"--health-listen", "127.0.0.1:0", "--pprof"}
-	}
-	cp := startFleetServer(tb, filepath.Join(bin, "l4xds-control-plane"), dir, file, "127.0.0.1:0", extra...)
+	cp := startFleetServer(tb, filepath.Join(bin, "l4xds-control-plane"), dir, file, "127.0.0.1:0", "--health-listen", "127.0.0.1:0", "--pprof")
 	addr := cp.addr
+	m := healthRE.FindStringSubmatch(cp.Output())
+	if m == nil {
+		tb.Fatalf("no health address in the control plane's output:\n%s", cp.Output())
+	}
+	health := "http://" + m[1]
+	runtimeBefore := serverRuntime(tb, health)
 	rssBefore := procStatus(tb, cp.Cmd.Process.Pid, "VmRSS")
 
 	tlsConfig := fleetClientTLS(tb, dir)
@@ -130,10 +155,10 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 		cancel()
 		wg.Wait()
 	})
-	var partial atomic.Int64
+	var partial, reconnects atomic.Int64
 	nodes := make([]*fleetNode, streams)
 	for i := range nodes {
-		nodes[i] = &fleetNode{id: "node-" + strconv.Itoa(i), want: s.N, partial: &partial}
+		nodes[i] = &fleetNode{id: "node-" + strconv.Itoa(i), want: s.N, partial: &partial, reconnects: &reconnects}
 		wg.Go(func() { nodes[i].run(ctx, addr, tlsConfig) })
 	}
 	synced := func(round int) bool {
@@ -155,31 +180,17 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 				connected++
 			}
 		}
-		return fmt.Sprintf("%d of %d streams lack round %d, %d connected", behind, len(nodes), round, connected)
+		return fmt.Sprintf("%d of %d streams lack round %d, %d connected; %s", behind, len(nodes), round, connected, dumpGoroutines(health))
 	}
 	waitFleet(tb, "every stream synced", 5*time.Minute, func() bool { return synced(1) }, func() string { return progress(1) })
 	f := fleet{streams: streams, shape: s}
-	f.rssPerStream = (procStatus(tb, cp.Cmd.Process.Pid, "VmRSS") - rssBefore) / int64(streams)
 
 	var cpuProfile chan error
 	if profileDir != "" {
-		m := healthRE.FindStringSubmatch(cp.Output())
-		if m == nil {
-			tb.Fatalf("no health address in the control plane's output:\n%s", cp.Output())
-		}
-		base := "http://" + m[1] + "/debug/pprof/"
-		for _, p := range []string{"heap", "goroutine"} {
-			if err := fetchProfile(base+p, filepath.Join(profileDir, p+"-rest.pb.gz")); err != nil {
-				tb.Fatal(err)
-			}
-		}
-		if err := fetchProfile("http://"+m[1]+"/metrics", filepath.Join(profileDir, "metrics-rest.txt")); err != nil {
-			tb.Fatal(err)
-		}
 		seconds := cmp.Or(os.Getenv("L4XDS_BENCH_FLEET_PROFILE_SECONDS"), "30")
 		cpuProfile = make(chan error, 1)
 		go func() {
-			cpuProfile <- fetchProfile(base+"profile?seconds="+seconds, filepath.Join(profileDir, "cpu-changes.pb.gz"))
+			cpuProfile <- fetchProfile(health+"/debug/pprof/profile?seconds="+seconds, filepath.Join(profileDir, "cpu-changes.pb.gz"))
 		}()
 		time.Sleep(time.Second) // the profile has started
 	}
@@ -199,6 +210,30 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 			tb.Fatal(err)
 		}
 	}
+
+	// At rest: every stream holds the last change.
+	perStream := func(after, before int64) int64 { return (after - before) / int64(streams) }
+	f.rssPeak = perStream(procStatus(tb, cp.Cmd.Process.Pid, "VmHWM"), rssBefore)
+	if profileDir != "" {
+		for _, p := range []string{"heap", "goroutine"} {
+			if err := fetchProfile(health+"/debug/pprof/"+p, filepath.Join(profileDir, p+"-rest.pb.gz")); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		if err := fetchProfile(health+"/metrics", filepath.Join(profileDir, "metrics-rest.txt")); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	// The collections serverRuntime asks for are those an idle Go
+	// process makes itself (one every 2 minutes); the freed pages go back
+	// to the system after them.
+	rt := serverRuntime(tb, health)
+	f.heapLive = perStream(rt.heapLive, runtimeBefore.heapLive)
+	f.stack = perStream(rt.stack, runtimeBefore.stack)
+	f.goroutines = (rt.goroutines - runtimeBefore.goroutines) / float64(streams)
+	f.rssRest = perStream(restingRSS(tb, cp.Cmd.Process.Pid, settle), rssBefore)
+
+	f.reconnects = reconnects.Load()
 
 	// The restart storm: every stream reconnects at once to a new process.
 	cp.Kill()
@@ -226,6 +261,96 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int) fleet {
 	f.restart = time.Since(restart)
 	f.partial = partial.Load()
 	return f
+}
+
+// restingRSS is pid's resident memory once it has stopped falling: not by
+// more than 0.5 % for settle, or after 3 minutes. The Go runtime returns
+// the pages freed by a collection to the system in the background.
+func restingRSS(tb testing.TB, pid int, settle time.Duration) int64 {
+	low := procStatus(tb, pid, "VmRSS")
+	fell := time.Now()
+	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline) && time.Since(fell) < settle; {
+		time.Sleep(time.Second)
+		rss := procStatus(tb, pid, "VmRSS")
+		if rss < low-low/200 {
+			fell = time.Now()
+		}
+		low = min(low, rss)
+	}
+	return low
+}
+
+// runtimeFigures are a Go server's runtime metrics.
+type runtimeFigures struct {
+	heapLive, stack int64
+	goroutines      float64
+}
+
+// serverRuntime has the server at health (serving --pprof) collect its
+// garbage (twice), and reads its live heap, goroutine stacks and goroutines from
+// its metrics.
+func serverRuntime(tb testing.TB, health string) runtimeFigures {
+	tb.Helper()
+	get := func(url string) string {
+		resp, err := http.Get(url)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			tb.Fatalf("GET %s: %s %v", url, resp.Status, err)
+		}
+		return string(b)
+	}
+	// Twice: a sync.Pool keeps what it holds through one collection.
+	get(health + "/debug/pprof/heap?gc=1")
+	get(health + "/debug/pprof/heap?gc=1")
+	values := map[string]float64{}
+	for line := range strings.Lines(get(health + "/metrics")) {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok || strings.HasPrefix(name, "#") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			values[name] = f
+		}
+	}
+	want := func(name string) float64 {
+		v, ok := values[name]
+		if !ok {
+			tb.Fatalf("no %s in the server's metrics", name)
+		}
+		return v
+	}
+	return runtimeFigures{
+		heapLive:   int64(want("go_memstats_heap_alloc_bytes")),
+		stack:      int64(want("go_memstats_stack_inuse_bytes")),
+		goroutines: want("go_goroutines"),
+	}
+}
+
+// dumpGoroutines writes the stacks of the server at health and of this
+// process (the clients) into files to look at after a fleet stalled, and
+// says where they are.
+func dumpGoroutines(health string) string {
+	dir, err := os.MkdirTemp("", "fleet-stall-")
+	if err != nil {
+		return err.Error()
+	}
+	server := filepath.Join(dir, "server-goroutines.txt")
+	if err := fetchProfile(health+"/debug/pprof/goroutine?debug=1", server); err != nil {
+		return err.Error()
+	}
+	f, err := os.Create(filepath.Join(dir, "clients-goroutines.txt"))
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if err := pprof.Lookup("goroutine").WriteTo(f, 1); err != nil {
+		return err.Error()
+	}
+	return "the server's and the clients' goroutines are in " + dir
 }
 
 // waitFleet waits for cond; describe, if given, tells how far it got.
@@ -361,11 +486,17 @@ type fleetNode struct {
 	partial *atomic.Int64
 
 	connected atomic.Bool
-	// round counts the EDS versions received; times holds when each came.
-	round  atomic.Int64
-	mu     sync.Mutex
-	times  []time.Time
-	resync atomic.Bool // set by the test; cleared once a full state came
+	// reconnects counts the streams that broke, the restart's aside.
+	reconnects *atomic.Int64
+	// round counts the EDS versions received, over the node's streams:
+	// a new stream's first response is the version the node holds
+	// already, unless the fleet changed meanwhile. times holds when each
+	// came.
+	edsVersion string
+	round      atomic.Int64
+	mu         sync.Mutex
+	times      []time.Time
+	resync     atomic.Bool // set by the test; cleared once a full state came
 }
 
 func (n *fleetNode) at(round int) time.Time {
@@ -378,6 +509,9 @@ func (n *fleetNode) run(ctx context.Context, addr string, tlsConfig *tls.Config)
 	for ctx.Err() == nil {
 		err := n.stream(ctx, addr, tlsConfig)
 		n.connected.Store(false)
+		if ctx.Err() == nil && !n.resync.Load() {
+			n.reconnects.Add(1)
+		}
 		if ctx.Err() == nil && err != nil {
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -406,7 +540,6 @@ func (n *fleetNode) stream(ctx context.Context, addr string, tlsConfig *tls.Conf
 		return err
 	}
 	n.connected.Store(true)
-	var edsVersion string
 	full := map[string]bool{}
 	for {
 		resp, err := st.Recv()
@@ -419,8 +552,8 @@ func (n *fleetNode) stream(ctx context.Context, addr string, tlsConfig *tls.Conf
 		} else {
 			full[resp.GetTypeUrl()] = true
 		}
-		if resp.GetTypeUrl() == xds.EndpointType && resp.GetVersionInfo() != edsVersion && !n.resync.Load() {
-			edsVersion = resp.GetVersionInfo()
+		if resp.GetTypeUrl() == xds.EndpointType && resp.GetVersionInfo() != n.edsVersion && !n.resync.Load() {
+			n.edsVersion = resp.GetVersionInfo()
 			n.mu.Lock()
 			n.times = append(n.times, now)
 			n.mu.Unlock()
