@@ -163,7 +163,11 @@ func (ss *sotwStream) handle(req *discovery.DiscoveryRequest, defaultTypeURL str
 		sub.setNames(req.GetResourceNames())
 	}
 	sub.watch = &sotwWatch{sub: sub, deliver: ss.deliver}
-	sub.cache.open(sub.watch, req.GetVersionInfo())
+	// Once the stream sent a response of the type, what the client holds
+	// is sub.known, whatever version it names: a NACK of the first
+	// response names none (or another process's), and answering it
+	// anyway would send the rejected response again, and again.
+	sub.cache.open(sub.watch, sub.nonce == "" && sub.cache.replyEvenIfEmpty(req.GetVersionInfo()))
 	return nil
 }
 
