@@ -3,11 +3,17 @@
 package controlplane
 
 import (
+	"context"
+	"runtime"
+	"strings"
 	"testing"
+	"time"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 )
 
 // A client that rejects the first response of a stream NACKs with the
@@ -47,5 +53,91 @@ func TestSotwServerDoesNotResendARejectedFirstResponse(t *testing.T) {
 				t.Fatalf("the rejected version %s was sent again before any change", first.GetVersionInfo())
 			}
 		})
+	}
+}
+
+// sotwGoroutines counts the goroutines of SotW streams: handlers and
+// senders.
+func sotwGoroutines() (handlers, senders int) {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		switch {
+		case strings.Contains(g, "controlplane.(*sotwStream).flush"):
+			senders++
+		case strings.Contains(g, "controlplane.(*sotwServer).serve"):
+			handlers++
+		}
+	}
+	return handlers, senders
+}
+
+// A client that stops reading holds its own stream only: other streams get
+// every change, Set does not wait for it, and once it goes (or the server
+// stops) none of its goroutines stays.
+func TestSotwServerStuckClient(t *testing.T) {
+	env := startServer(t)
+	// Enough clusters that one CDS response does not fit the stuck
+	// client's flow-control window.
+	const clusters = 3000
+	if err := env.srv.Set(fleetResources(t, clusters, 0)); err != nil {
+		t.Fatal(err)
+	}
+	small := grpc.WithInitialWindowSize(64 << 10)
+	conn, err := grpc.NewClient(env.addr, grpc.WithTransportCredentials(credentials.NewTLS(env.clientTLS(t, true))),
+		small, grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
+	stuck, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typeURL := range []string{resource.ClusterType, resource.EndpointType} {
+		if err := stuck.Send(&discovery.DiscoveryRequest{Node: testNode, TypeUrl: typeURL}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The stuck stream's sender blocks in its first response.
+	waitFor(t, "the stuck stream's sender", func() bool { _, s := sotwGoroutines(); return s == 1 })
+
+	c := env.sotw(t, map[string][]string{resource.EndpointType: nil})
+	c.recv()
+	for r := 1; r <= 6; r++ {
+		if err := env.srv.Set(fleetResources(t, clusters, r)); err != nil {
+			t.Fatal(err)
+		}
+		resp, _ := c.recv()
+		if resp.GetTypeUrl() != resource.EndpointType {
+			t.Fatalf("got %s, want EDS", resp.GetTypeUrl())
+		}
+	}
+
+	cancel()
+	waitFor(t, "the stuck stream's goroutines to end", func() bool { h, s := sotwGoroutines(); return h == 1 && s == 0 })
+	env.srv.Stop()
+	waitFor(t, "every stream's goroutines to end after Stop", func() bool { h, s := sotwGoroutines(); return h == 0 && s == 0 })
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	ctx := testContext(t)
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			h, s := sotwGoroutines()
+			t.Fatalf("waiting for %s: %d SotW handlers, %d senders", what, h, s)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
