@@ -99,7 +99,10 @@ type sotwStream struct {
 }
 
 func (s *sotwServer) serve(st sotwStreamServer, defaultTypeURL string) error {
-	ss := &sotwStream{srv: s, st: st, id: s.ids.Add(1), node: &corev3.Node{}}
+	// go-control-plane's Delta server numbers its streams from 1 for the
+	// same callbacks, which know a stream (and count a node's) by its ID:
+	// SotW streams count down from -1.
+	ss := &sotwStream{srv: s, st: st, id: -s.ids.Add(1), node: &corev3.Node{}}
 	defer ss.close()
 	for {
 		req, err := st.Recv()

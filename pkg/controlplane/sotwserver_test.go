@@ -141,3 +141,23 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// A node's SotW and Delta streams are two streams to the callbacks, which
+// count a node's streams to forget its metrics when its last one closes.
+// The two servers number their streams apart; their IDs must not meet.
+func TestSotwAndDeltaStreamsOfANodeCountTwice(t *testing.T) {
+	env := startServer(t)
+	if err := env.srv.Set(cfpResources(t)); err != nil {
+		t.Fatal(err)
+	}
+	s := env.sotw(t, map[string][]string{resource.ClusterType: nil})
+	s.recv()
+	d := env.delta(t, map[string][]string{resource.ClusterType: {"*"}})
+	d.recv()
+	env.srv.cb.mu.Lock()
+	n := env.srv.cb.streams[testNode.GetId()]
+	env.srv.cb.mu.Unlock()
+	if n != 2 {
+		t.Fatalf("node %s has %d streams, want 2 (one SotW, one Delta)", testNode.GetId(), n)
+	}
+}
