@@ -166,11 +166,7 @@ func (ss *sotwStream) handle(req *discovery.DiscoveryRequest, defaultTypeURL str
 		sub.setNames(req.GetResourceNames())
 	}
 	sub.watch = &sotwWatch{sub: sub, deliver: ss.deliver}
-	// Once the stream sent a response of the type, what the client holds
-	// is sub.known, whatever version it names: a NACK of the first
-	// response names none (or another process's), and answering it
-	// anyway would send the rejected response again, and again.
-	sub.cache.open(sub.watch, sub.nonce == "" && sub.cache.replyEvenIfEmpty(req.GetVersionInfo()))
+	sub.cache.open(sub.watch, sub.replyEvenIfEmpty(req.GetVersionInfo()))
 	return nil
 }
 
@@ -293,6 +289,19 @@ func (s *sotwSub) setNames(list []string) {
 		// to it again sends it again.
 		s.known = s.known.only(s.names.names)
 	}
+}
+
+// replyEvenIfEmpty tells whether a request that names version is answered
+// even if the client lacks nothing the stream knows of. Until the stream
+// sends a response of the type, it is for a client without a version (or
+// with another process's), and for a full-state type always: the version
+// a client names on a new stream may be one whose resources went since,
+// and only a response, even an empty one, removes them. Once it sent one,
+// what the client holds is known, whatever version it names: a NACK of
+// the first response names none (or another process's), and answering it
+// anyway would send the rejected response again, and again.
+func (s *sotwSub) replyEvenIfEmpty(version string) bool {
+	return s.nonce == "" && (s.cache.fullState || s.cache.replyEvenIfEmpty(version))
 }
 
 func (s *sotwSub) close() {

@@ -161,3 +161,28 @@ func TestSotwAndDeltaStreamsOfANodeCountTwice(t *testing.T) {
 		t.Fatalf("node %s has %d streams, want 2 (one SotW, one Delta)", testNode.GetId(), n)
 	}
 }
+
+// Envoy names on a new stream the version it last accepted. A new stream
+// of a full-state type (CDS, LDS) is answered even if the state is now
+// empty: the client may hold resources that went while it was away, and a
+// full-state response is what removes them.
+func TestSotwServerAnswersAReconnectToAnEmptyFullState(t *testing.T) {
+	env := startServer(t)
+	cfp := cfpResources(t)
+	if err := env.srv.Set(cfp); err != nil {
+		t.Fatal(err)
+	}
+	a := env.sotw(t, map[string][]string{resource.ClusterType: nil})
+	held, _ := a.recv()
+	if err := env.srv.Set(Resources{resource.EndpointType: cfp[resource.EndpointType]}); err != nil {
+		t.Fatal(err)
+	}
+	// The client was away when the clusters went, and comes back.
+	b := env.sotw(t, nil)
+	b.send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: held.GetVersionInfo()})
+	resp, msgs := b.recv()
+	if resp.GetTypeUrl() != resource.ClusterType || len(msgs) != 0 || resp.GetVersionInfo() == held.GetVersionInfo() {
+		t.Fatalf("got %s %s with %d resources, want CDS with none at a version after %s",
+			resp.GetTypeUrl(), resp.GetVersionInfo(), len(msgs), held.GetVersionInfo())
+	}
+}
