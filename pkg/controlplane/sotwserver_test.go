@@ -186,3 +186,44 @@ func TestSotwServerAnswersAReconnectToAnEmptyFullState(t *testing.T) {
 			resp.GetTypeUrl(), resp.GetVersionInfo(), len(msgs), held.GetVersionInfo())
 	}
 }
+
+// A node that restarts in a storm opens streams faster than its old ones
+// close: once the old ones are gone, it counts as the one stream it has,
+// and nothing of the others stays.
+func TestSotwServerRestartStorm(t *testing.T) {
+	env := startServer(t)
+	if err := env.srv.Set(cfpResources(t)); err != nil {
+		t.Fatal(err)
+	}
+	conn := env.dial(t, credentials.NewTLS(env.clientTLS(t, true)))
+	const storm = 30
+	cancels := make([]context.CancelFunc, storm)
+	for i := range cancels {
+		ctx, cancel := context.WithCancel(testContext(t))
+		cancels[i] = cancel
+		st, err := conn.StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &sotwClient{t: t, stream: st}
+		c.send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType})
+		c.recv()
+	}
+	last := env.sotw(t, map[string][]string{resource.ClusterType: nil})
+	last.recv()
+	for _, cancel := range cancels {
+		go cancel()
+	}
+	waitFor(t, "the old streams to end", func() bool {
+		h, s := sotwGoroutines()
+		env.srv.cb.mu.Lock()
+		defer env.srv.cb.mu.Unlock()
+		return h == 1 && s == 0 && len(env.srv.cb.nodes) == 1 && env.srv.cb.streams[testNode.GetId()] == 1
+	})
+	if err := env.srv.Set(withVIP(t, cfpResources(t), "10.1.2.9")); err != nil {
+		t.Fatal(err)
+	}
+	if _, msgs := last.recv(); vipOf(msgs["my-database-service"]) != "10.1.2.9" {
+		t.Fatalf("the stream that stayed got %v", msgs)
+	}
+}
