@@ -91,6 +91,8 @@ type sotwStream struct {
 	subs    []*sotwSub // one per type
 	nonce   int64
 	sendErr error
+	// unserved: a request for a type not served was logged.
+	unserved bool
 
 	mu      sync.Mutex
 	pending []*sotwResponse // answered watches, to send in order
@@ -150,7 +152,14 @@ func (ss *sotwStream) handle(req *discovery.DiscoveryRequest, defaultTypeURL str
 	if sub == nil {
 		c, err := ss.srv.caches.get(typeURL)
 		if err != nil {
-			return err
+			// Not answered, as a name the server does not have: failing
+			// the stream would fail the client's reconnects alike and
+			// leave it without the types it could have.
+			if !ss.unserved {
+				ss.unserved = true
+				ss.srv.log.Warn("xDS request for a type that is not served ignored", "node", ss.node.GetId(), "error", err, "stream", ss.id)
+			}
+			return nil
 		}
 		sub = newSotwSub(c.sotw, req.GetResourceNames())
 		ss.subs = append(ss.subs, sub)

@@ -227,3 +227,27 @@ func TestSotwServerRestartStorm(t *testing.T) {
 		t.Fatalf("the stream that stayed got %v", msgs)
 	}
 }
+
+// A type the server cannot serve (no such message is linked in) is not
+// answered, and the stream goes on serving the others: failing it would
+// fail the client's reconnects alike, and leave it without any type.
+func TestSotwServerIgnoresATypeItCannotServe(t *testing.T) {
+	env := startServer(t)
+	cfp := cfpResources(t)
+	if err := env.srv.Set(cfp); err != nil {
+		t.Fatal(err)
+	}
+	c := env.sotw(t, nil)
+	c.send(&discovery.DiscoveryRequest{TypeUrl: "type.googleapis.com/example.NoSuchResource"})
+	c.send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType})
+	resp, _ := c.recv()
+	if resp.GetTypeUrl() != resource.ClusterType {
+		t.Fatalf("got a %s response, want CDS", resp.GetTypeUrl())
+	}
+	if err := env.srv.Set(withVIP(t, cfp, "10.1.2.9")); err != nil {
+		t.Fatal(err)
+	}
+	if resp, msgs := c.recv(); resp.GetTypeUrl() != resource.ClusterType || vipOf(msgs["my-database-service"]) != "10.1.2.9" {
+		t.Fatalf("got %s %v, want the changed cluster", resp.GetTypeUrl(), msgs)
+	}
+}
