@@ -61,8 +61,12 @@ func (x xdsServices) StreamRoutes(st routeservice.RouteDiscoveryService_StreamRo
 // the server used): the same responses to the same requests, a request
 // with a stale nonce ignored, a response not yet sent dropped when a
 // request of its type comes, the same callbacks but OnStreamOpen and
-// OnStreamResponse, which ours do not use. What it saves, per stream, for
-// a fleet:
+// OnStreamResponse, which ours do not use. It parts from it where that
+// broke clients: a NACK of a stream's first response is not answered with
+// the same response again (see sotwSub.replyEvenIfEmpty), a new stream of
+// a full-state type is answered even if empty, and a type it cannot serve
+// is ignored rather than failing the stream. What it saves, per stream,
+// for a fleet:
 //
 //   - a goroutine: the stream's handler receives, and a goroutine sends
 //     only while responses wait (go-control-plane keeps one receiving and
