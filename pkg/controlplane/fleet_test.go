@@ -121,7 +121,7 @@ func (f *fakeStream) request(t *testing.T, c sotwWatcher, names []string, versio
 			f.ours.setNames(names)
 		}
 		w := &sotwWatch{sub: f.ours, deliver: func(r *sotwResponse) { f.ch <- r }}
-		c.open(w, v)
+		c.open(w, c.replyEvenIfEmpty(v))
 		f.cancel = func() { c.cancel(w) }
 		return
 	}
@@ -446,7 +446,7 @@ func TestSotwCacheBoundsItsAnswers(t *testing.T) {
 	for i := range 3 * maxAnswers {
 		sub := newSotwSub(c, []string{"svc-0", "node-" + strconv.Itoa(i)})
 		w := &sotwWatch{sub: sub, deliver: func(*sotwResponse) {}}
-		c.open(w, "")
+		c.open(w, true)
 		c.cancel(w)
 		sub.close()
 	}

@@ -227,16 +227,20 @@ func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription, ch c
 		return nil, fmt.Errorf("request type %s does not match cache type %s", req.GetTypeUrl(), c.typeURL)
 	}
 	w := &sotwWatch{req: req, sub: sub, ch: ch}
-	c.open(w, req.GetVersionInfo())
+	c.open(w, c.replyEvenIfEmpty(req.GetVersionInfo()))
 	return func() { c.cancel(w) }, nil
 }
 
-// open answers w at once when its stream, whose request holds version,
-// lacks something, or keeps it until a change.
-func (c *sotwCache) open(w *sotwWatch, version string) {
-	// A client without a version, or with one of another process, gets
-	// what it asks for even if that is nothing.
-	replyEvenIfEmpty := version == "" || !strings.HasPrefix(version, c.prefix)
+// replyEvenIfEmpty tells whether a client whose request holds version gets
+// what it asks for even if that is nothing: it has no version, or one of
+// another process.
+func (c *sotwCache) replyEvenIfEmpty(version string) bool {
+	return version == "" || !strings.HasPrefix(version, c.prefix)
+}
+
+// open answers w at once when its stream lacks something (or anything,
+// with replyEvenIfEmpty), or keeps it until a change.
+func (c *sotwCache) open(w *sotwWatch, replyEvenIfEmpty bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if resp := c.respondLocked(w, replyEvenIfEmpty); resp != nil {

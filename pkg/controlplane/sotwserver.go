@@ -61,8 +61,12 @@ func (x xdsServices) StreamRoutes(st routeservice.RouteDiscoveryService_StreamRo
 // the server used): the same responses to the same requests, a request
 // with a stale nonce ignored, a response not yet sent dropped when a
 // request of its type comes, the same callbacks but OnStreamOpen and
-// OnStreamResponse, which ours do not use. What it saves, per stream, for
-// a fleet:
+// OnStreamResponse, which ours do not use. It parts from it where that
+// broke clients: a NACK of a stream's first response is not answered with
+// the same response again (see sotwSub.replyEvenIfEmpty), a new stream of
+// a full-state type is answered even if empty, and a type it cannot serve
+// is ignored rather than failing the stream. What it saves, per stream,
+// for a fleet:
 //
 //   - a goroutine: the stream's handler receives, and a goroutine sends
 //     only while responses wait (go-control-plane keeps one receiving and
@@ -91,6 +95,8 @@ type sotwStream struct {
 	subs    []*sotwSub // one per type
 	nonce   int64
 	sendErr error
+	// unserved: a request for a type not served was logged.
+	unserved bool
 
 	mu      sync.Mutex
 	pending []*sotwResponse // answered watches, to send in order
@@ -99,7 +105,10 @@ type sotwStream struct {
 }
 
 func (s *sotwServer) serve(st sotwStreamServer, defaultTypeURL string) error {
-	ss := &sotwStream{srv: s, st: st, id: s.ids.Add(1), node: &corev3.Node{}}
+	// go-control-plane's Delta server numbers its streams from 1 for the
+	// same callbacks, which know a stream (and count a node's) by its ID:
+	// SotW streams count down from -1.
+	ss := &sotwStream{srv: s, st: st, id: -s.ids.Add(1), node: &corev3.Node{}}
 	defer ss.close()
 	for {
 		req, err := st.Recv()
@@ -147,7 +156,14 @@ func (ss *sotwStream) handle(req *discovery.DiscoveryRequest, defaultTypeURL str
 	if sub == nil {
 		c, err := ss.srv.caches.get(typeURL)
 		if err != nil {
-			return err
+			// Not answered, as a name the server does not have: failing
+			// the stream would fail the client's reconnects alike and
+			// leave it without the types it could have.
+			if !ss.unserved {
+				ss.unserved = true
+				ss.srv.log.Warn("xDS request for a type that is not served ignored", "node", ss.node.GetId(), "error", err, "stream", ss.id)
+			}
+			return nil
 		}
 		sub = newSotwSub(c.sotw, req.GetResourceNames())
 		ss.subs = append(ss.subs, sub)
@@ -163,7 +179,7 @@ func (ss *sotwStream) handle(req *discovery.DiscoveryRequest, defaultTypeURL str
 		sub.setNames(req.GetResourceNames())
 	}
 	sub.watch = &sotwWatch{sub: sub, deliver: ss.deliver}
-	sub.cache.open(sub.watch, req.GetVersionInfo())
+	sub.cache.open(sub.watch, sub.replyEvenIfEmpty(req.GetVersionInfo()))
 	return nil
 }
 
@@ -286,6 +302,19 @@ func (s *sotwSub) setNames(list []string) {
 		// to it again sends it again.
 		s.known = s.known.only(s.names.names)
 	}
+}
+
+// replyEvenIfEmpty tells whether a request that names version is answered
+// even if the client lacks nothing the stream knows of. Until the stream
+// sends a response of the type, it is for a client without a version (or
+// with another process's), and for a full-state type always: the version
+// a client names on a new stream may be one whose resources went since,
+// and only a response, even an empty one, removes them. Once it sent one,
+// what the client holds is known, whatever version it names: a NACK of
+// the first response names none (or another process's), and answering it
+// anyway would send the rejected response again, and again.
+func (s *sotwSub) replyEvenIfEmpty(version string) bool {
+	return s.nonce == "" && (s.cache.fullState || s.cache.replyEvenIfEmpty(version))
 }
 
 func (s *sotwSub) close() {
