@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
@@ -117,3 +118,59 @@ func TestPrivilegedARoundClearsItsNewServicesCounters(t *testing.T) {
 	}
 }
 
+// A round whose service entries no longer fit the map (an orphan the
+// registry does not know takes the last room, until Prune deletes it):
+// the frontends before the one that does not fit are served, that one's
+// error says the map is full, not that its key is too big, and Prune
+// makes the room its retry takes.
+func TestPrivilegedAFullServiceMapFailsTheFrontendThatDoesNotFit(t *testing.T) {
+	needRoot(t)
+	dp := load(t, smallMaps(testConfig(bpffs(t))))
+	defer dp.Close()
+	o, db := restoredOps(t, dp)
+	orphan, err := svcKeyToBPF(fe("10.9.9.9:1/TCP"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Maps.putService(orphan, bpf.L4xdsLbSvc{Id: 9}); err != nil {
+		t.Fatal(err)
+	}
+	var batch []reconciler.BatchEntry[*lb.Frontend]
+	for i := 1; i <= 2; i++ {
+		f := &lb.Frontend{
+			FrontendParams: lb.FrontendParams{Address: fe(fmt.Sprintf("10.1.2.%d:80/TCP", i))},
+			Backends:       []*lb.Backend{be(fmt.Sprintf("192.168.1.%d:80", i))},
+		}
+		batch = append(batch, reconciler.BatchEntry[*lb.Frontend]{Object: f, Revision: 1})
+	}
+	o.UpdateBatch(context.Background(), db.ReadTxn(), batch)
+	if err := batch[0].Result; err != nil {
+		t.Errorf("frontend %s: %v, want it served", batch[0].Object.Address, err)
+	}
+	err = batch[1].Result
+	if err == nil || !strings.Contains(err.Error(), "frontend 10.1.2.2:80/TCP: write l4xds_services: service 2: the map is full") {
+		t.Errorf("frontend %s: error %v, want it to say that l4xds_services is full", batch[1].Object.Address, err)
+	}
+
+	objs := func(yield func(*lb.Frontend, statedb.Revision) bool) {
+		for _, e := range batch {
+			if !yield(e.Object, e.Revision) {
+				return
+			}
+		}
+	}
+	if err := o.Prune(context.Background(), db.ReadTxn(), objs); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Update(context.Background(), db.ReadTxn(), 1, batch[1].Object); err != nil {
+		t.Errorf("retry after the prune: %v", err)
+	}
+	for _, e := range batch {
+		var v bpf.L4xdsLbSvc
+		if err := dp.Maps.services.Lookup(ptr(o.reg.services[e.Object.Address].key), &v); err != nil {
+			t.Errorf("frontend %s: %v", e.Object.Address, err)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
