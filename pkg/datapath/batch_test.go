@@ -103,3 +103,109 @@ func TestABatchWriteFailsItsFrontendAlone(t *testing.T) {
 		t.Errorf("maps %+v, want %d services, backends and VIPs", c, n)
 	}
 }
+
+// Each batch of a round (backend entries, counter clears, VIP counts,
+// service entries) fails the frontend of the entry that failed alone,
+// in the middle of the batch: the frontends before and after it are
+// served, its entry is not written, and its retry serves it.
+func TestEachBatchFailsItsFrontendAlone(t *testing.T) {
+	injected := errors.New("injected")
+	failing := fe("10.0.0.3:80/TCP")
+	failingKey, err := svcKeyToBPF(failing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		inject func(f *FakeMaps, id uint32, on bool)
+	}{
+		{"backend", func(f *FakeMaps, _ uint32, on bool) {
+			f.failBackend = nil
+			if on {
+				f.failBackend = func(v bpf.L4xdsLbBackend) error {
+					if backendAddrFromBPF(v) == netip.MustParseAddrPort("192.168.0.3:80") {
+						return injected
+					}
+					return nil
+				}
+			}
+		}},
+		{"counters", func(f *FakeMaps, id uint32, on bool) {
+			f.failZero = nil
+			if on {
+				f.failZero = func(got uint32) error {
+					if got == id {
+						return injected
+					}
+					return nil
+				}
+			}
+		}},
+		{"vip", func(f *FakeMaps, _ uint32, on bool) {
+			f.failVIP = nil
+			if on {
+				f.failVIP = func(vip netip.Addr) error {
+					if vip == failing.Addr {
+						return injected
+					}
+					return nil
+				}
+			}
+		}},
+		{"service", func(f *FakeMaps, _ uint32, on bool) {
+			f.failService = nil
+			if on {
+				f.failService = func(k bpf.L4xdsLbSvcKey) error {
+					if k == failingKey {
+						return injected
+					}
+					return nil
+				}
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := statedb.New()
+			w, err := lb.NewWriter(db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			log, _ := testLogger(t)
+			o := newOps(log, db, w.Frontends(), DefaultConfig.capacity())
+			fake := NewFakeMaps()
+			o.useFake(fake)
+			const n = 5
+			var batch []reconciler.BatchEntry[*lb.Frontend]
+			for i := 1; i <= n; i++ {
+				f := &lb.Frontend{
+					FrontendParams: lb.FrontendParams{Address: fe(fmt.Sprintf("10.0.0.%d:80/TCP", i))},
+					Backends:       []*lb.Backend{be(fmt.Sprintf("192.168.0.%d:80", i))},
+				}
+				batch = append(batch, reconciler.BatchEntry[*lb.Frontend]{Object: f, Revision: 1})
+			}
+			// The registry hands out the IDs 1..n in order.
+			tc.inject(fake, 3, true)
+			o.UpdateBatch(context.Background(), db.ReadTxn(), batch)
+			for _, e := range batch {
+				addr := e.Object.Address
+				_, written := fake.Service(addr)
+				if addr == failing {
+					if !errors.Is(e.Result, injected) || written {
+						t.Errorf("frontend %s: error %v, entry written %v; want the injected error, no entry", addr, e.Result, written)
+					}
+					continue
+				}
+				if e.Result != nil || !written {
+					t.Errorf("frontend %s: error %v, entry written %v; want it served", addr, e.Result, written)
+				}
+			}
+			tc.inject(fake, 3, false)
+			if err := o.Update(context.Background(), db.ReadTxn(), 1, batch[2].Object); err != nil {
+				t.Fatalf("retry: %v", err)
+			}
+			if c := fake.Counts(); c.Services != n || c.Backends != n || c.VIPs != n {
+				t.Errorf("after the retry: %+v, want %d services, backends and VIPs", c, n)
+			}
+		})
+	}
+}

@@ -45,6 +45,10 @@ type FakeMaps struct {
 	failService func(bpf.L4xdsLbSvcKey) error
 	// failBackend, if set, is the error of writing a backend's entry.
 	failBackend func(bpf.L4xdsLbBackend) error
+	// failVIP and failZero, if set, are the errors of writing a VIP's
+	// count in a round's batch and of clearing a service ID's counters.
+	failVIP  func(netip.Addr) error
+	failZero func(svcID uint32) error
 }
 
 var _ mapWriter = (*FakeMaps)(nil)
@@ -106,6 +110,11 @@ func (f *FakeMaps) putServices(keys []bpf.L4xdsLbSvcKey, values []bpf.L4xdsLbSvc
 
 func (f *FakeMaps) putVIPs(vips []netip.Addr, counts []uint32) (int, error) {
 	for i, vip := range vips {
+		if f.failVIP != nil {
+			if err := f.failVIP(vip); err != nil {
+				return i, err
+			}
+		}
 		if err := f.setVIP(vip, counts[i]); err != nil {
 			return i, err
 		}
@@ -205,4 +214,13 @@ func (f *FakeMaps) setVIP(vip netip.Addr, n uint32) error {
 	return nil
 }
 
-func (f *FakeMaps) zeroStats(ids []uint32) (int, error) { return len(ids), nil }
+func (f *FakeMaps) zeroStats(ids []uint32) (int, error) {
+	for i, id := range ids {
+		if f.failZero != nil {
+			if err := f.failZero(id); err != nil {
+				return i, err
+			}
+		}
+	}
+	return len(ids), nil
+}

@@ -391,7 +391,7 @@ var _ mapWriter = (*Maps)(nil)
 
 func (m *Maps) putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {
 	if err := m.services.Put(&key, &v); err != nil {
-		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, v.Id, err)
+		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, v.Id, full(m.services, err))
 	}
 	return nil
 }
@@ -406,7 +406,7 @@ func (m *Maps) putServices(keys []bpf.L4xdsLbSvcKey, values []bpf.L4xdsLbSvc) (i
 		}
 		if !errors.Is(err, ebpf.ErrNotSupported) {
 			n = min(n, len(keys)-1)
-			return n, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, values[n].Id, err)
+			return n, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, values[n].Id, full(m.services, err))
 		}
 	}
 	for i := range keys {
@@ -415,6 +415,16 @@ func (m *Maps) putServices(keys []bpf.L4xdsLbSvcKey, values []bpf.L4xdsLbSvc) (i
 		}
 	}
 	return len(keys), nil
+}
+
+// full says that a hash map is full where the kernel's E2BIG does, an
+// error cilium/ebpf words as a key too big for the map: an operator
+// reading it would look for the wrong cause.
+func full(m *ebpf.Map, err error) error {
+	if errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("the map is full (%d entries): %w", m.MaxEntries(), unix.E2BIG)
+	}
+	return err
 }
 
 func (m *Maps) deleteService(key bpf.L4xdsLbSvcKey, id uint32) error {
@@ -426,7 +436,7 @@ func (m *Maps) deleteService(key bpf.L4xdsLbSvcKey, id uint32) error {
 
 func (m *Maps) putBackend(id uint32, v bpf.L4xdsLbBackend) error {
 	if err := m.backends.Put(id, &v); err != nil {
-		return fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(v), id, err)
+		return fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(v), id, full(m.backends, err))
 	}
 	return nil
 }
@@ -442,7 +452,7 @@ func (m *Maps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) (int, erro
 		}
 		if !errors.Is(err, ebpf.ErrNotSupported) {
 			n = min(n, len(ids)-1)
-			return n, fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(values[n]), ids[n], err)
+			return n, fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(values[n]), ids[n], full(m.backends, err))
 		}
 	}
 	for i, id := range ids {
@@ -877,7 +887,7 @@ func (m *Maps) setVIP(vip netip.Addr, n uint32) error {
 		return nil
 	}
 	if err := m.vips.Put(&key, n); err != nil {
-		return fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vip, err)
+		return fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vip, full(m.vips, err))
 	}
 	// A VIP again: the program reads l4xds_vips first, the entry is only
 	// left over.
@@ -908,7 +918,7 @@ func (m *Maps) putVIPs(vips []netip.Addr, counts []uint32) (int, error) {
 			written = n
 		case !errors.Is(err, ebpf.ErrNotSupported):
 			n = min(n, len(keys)-1)
-			err = fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[n], err)
+			err = fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[n], full(m.vips, err))
 			if i, perr := m.unparkVIPs(vips[:n], keys[:n]); perr != nil {
 				return i, perr
 			}
@@ -920,7 +930,7 @@ func (m *Maps) putVIPs(vips []netip.Addr, counts []uint32) (int, error) {
 			if j, perr := m.unparkVIPs(vips[:i], keys[:i]); perr != nil {
 				return j, perr
 			}
-			return i, fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[i], err)
+			return i, fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[i], full(m.vips, err))
 		}
 	}
 	return m.unparkVIPs(vips, keys)

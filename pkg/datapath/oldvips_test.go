@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/l4xds/l4xds/pkg/datapath/bpf"
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
@@ -95,5 +96,83 @@ func TestPrivilegedARemovedVIPIsDroppedForItsGrace(t *testing.T) {
 				t.Errorf("SYN to the VIP served again: dropped")
 			}
 		})
+	}
+}
+
+// A VIP parked in the pinned l4xds_old_vips by the agent before a restart
+// is taken out of it when a frontend on it comes back, although the new
+// agent parked nothing: it learns what is parked from the map. Two VIPs
+// come back in one round, so that their counts are written in one batch.
+func TestPrivilegedAVIPParkedBeforeARestartIsTakenBack(t *testing.T) {
+	needRoot(t)
+	root := bpffs(t)
+	cfg := testConfig(root)
+	cfg.LBRemovedVIPGrace = time.Hour
+	fes := []*lb.Frontend{
+		{FrontendParams: lb.FrontendParams{Address: fe("10.1.2.3:3306/TCP")}, Backends: []*lb.Backend{be("192.168.1.10:3306")}},
+		{FrontendParams: lb.FrontendParams{Address: fe("10.1.2.4:3306/TCP")}, Backends: []*lb.Backend{be("192.168.1.11:3306")}},
+	}
+	batch := func(rev statedb.Revision) []reconciler.BatchEntry[*lb.Frontend] {
+		var b []reconciler.BatchEntry[*lb.Frontend]
+		for _, f := range fes {
+			b = append(b, reconciler.BatchEntry[*lb.Frontend]{Object: f, Revision: rev})
+		}
+		return b
+	}
+	parked := func(dp *Datapath) (n int) {
+		t.Helper()
+		for _, f := range fes {
+			key := addrToBPF(f.Address.Addr)
+			var until uint64
+			if dp.Maps.oldVIPs.Lookup(&key, &until) == nil {
+				n++
+			}
+		}
+		return n
+	}
+
+	dp := load(t, cfg)
+	o, db := restoredOps(t, dp)
+	b := batch(1)
+	o.UpdateBatch(context.Background(), db.ReadTxn(), b)
+	for _, e := range b {
+		if e.Result != nil {
+			t.Fatal(e.Result)
+		}
+	}
+	b = batch(2)
+	o.DeleteBatch(context.Background(), db.ReadTxn(), b)
+	for _, e := range b {
+		if e.Result != nil {
+			t.Fatal(e.Result)
+		}
+	}
+	if n := parked(dp); n != len(fes) {
+		t.Fatalf("%d of the %d removed VIPs parked in %s", n, len(fes), bpf.L4xdsMapL4xdsOldVips)
+	}
+	dp.Close()
+
+	// The restart.
+	dp = load(t, cfg)
+	defer dp.Close()
+	o, db = restoredOps(t, dp)
+	b = batch(3)
+	o.UpdateBatch(context.Background(), db.ReadTxn(), b)
+	for _, e := range b {
+		if e.Result != nil {
+			t.Fatal(e.Result)
+		}
+	}
+	if n := parked(dp); n != 0 {
+		t.Errorf("after the restart, %d VIPs served again still parked in %s", n, bpf.L4xdsMapL4xdsOldVips)
+	}
+	vips, err := dp.Maps.VIPs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fes {
+		if vips[f.Address.Addr] != 1 {
+			t.Errorf("VIP %s: count %d, want 1", f.Address.Addr, vips[f.Address.Addr])
+		}
 	}
 }

@@ -345,3 +345,26 @@ func TestControllerBlockedClusterRemoved(t *testing.T) {
 		t.Fatalf("left behind: held %v reserved %v blocked %v clusters %v", f.ctrl.held, f.ctrl.reserved, f.ctrl.blocked, f.ctrl.clusters)
 	}
 }
+
+// One EDS update feeds a held cluster and a written one of the same CLA,
+// and lists that CLA twice: the held one is written whole, the written one
+// gets the backends, both those of the CLA's last listing.
+func TestControllerHeldAndWrittenClustersOfOneCLAInOneUpdate(t *testing.T) {
+	f := holdingFixture(t)
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 3306}`, "e")))
+	// b asks for a name another asked for: not held.
+	noRejections(t, f.cds(nil, edsCluster("a", `{vip: 10.1.2.3, port: 3306}`, "e"), edsCluster("b", `{vip: 10.1.2.4, port: 3306}`, "e")))
+	f.expect(`
+		service b source=xds
+		frontend 10.1.2.4:3306/TCP b -> []
+	`)
+	noRejections(t, f.eds(nil, claOf("e", ep("10.0.0.1", 3306, "")), claOf("e", ep("10.0.0.2", 3306, ""))))
+	f.expect(`
+		service a source=xds
+		service b source=xds
+		frontend 10.1.2.3:3306/TCP a -> [10.0.0.2:3306]
+		frontend 10.1.2.4:3306/TCP b -> [10.0.0.2:3306]
+		backend a 10.0.0.2:3306 weight=1 active
+		backend b 10.0.0.2:3306 weight=1 active
+	`)
+}

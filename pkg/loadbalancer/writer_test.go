@@ -741,7 +741,7 @@ func TestWriter_Concurrent(t *testing.T) {
 // TestWriter_SetBackendsOf checks that setting the backends of many services
 // at once leaves the tables as SetBackends one service at a time does, with
 // each error at its set: random rounds over a few services with frontends
-// (one with a target port), backends of a second source at some of the same
+// (one with a target port, one with three), backends of a second source at some of the same
 // addresses, invalid sets, and a service listed twice.
 func TestWriter_SetBackendsOf(t *testing.T) {
 	batched, single := newTestWriter(t), newTestWriter(t)
@@ -752,7 +752,12 @@ func TestWriter_SetBackendsOf(t *testing.T) {
 			if name == "s2" {
 				params.ServicePort = 9090
 			}
-			if err := w.UpsertServiceAndFrontends(txn, svc(name), params); err != nil {
+			fes := []FrontendParams{params}
+			if name == "s1" {
+				// Two frontends share the service's backends.
+				fes = append(fes, fe("10.0.0.2:80/UDP"), fe("10.0.0.12:8080/TCP"))
+			}
+			if err := w.UpsertServiceAndFrontends(txn, svc(name), fes...); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -791,6 +796,16 @@ func TestWriter_SetBackendsOf(t *testing.T) {
 		}
 		if len(sets) > 0 && rng.IntN(10) == 0 {
 			sets = append(sets, sets[0]) // listed twice
+		}
+		if len(sets) > 0 && rng.IntN(10) == 0 {
+			// Listed twice, the second time with other backends: it
+			// reads what the first wrote (two updates of one EDS
+			// resource in one response).
+			second := ServiceBackends{Name: sets[0].Name}
+			for range rng.IntN(3) {
+				second.Backends = append(second.Backends, be(fmt.Sprintf("10.1.0.%d:80", rng.IntN(4))))
+			}
+			sets = append(sets, second)
 		}
 		other := names[rng.IntN(len(names))]
 		otherBes := []BackendParams{be(fmt.Sprintf("10.1.0.%d:80", rng.IntN(4)))}
