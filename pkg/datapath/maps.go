@@ -399,18 +399,31 @@ func (m *Maps) putService(key bpf.L4xdsLbSvcKey, v bpf.L4xdsLbSvc) error {
 // putServices writes the entries of a round's services in one syscall
 // (where the kernel has batch operations), the rest as putService.
 func (m *Maps) putServices(keys []bpf.L4xdsLbSvcKey, values []bpf.L4xdsLbSvc) (int, error) {
+	return batchPut(m.services, keys, values,
+		func(i int) error { return m.putService(keys[i], values[i]) },
+		func(i int, err error) error {
+			return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, values[i].Id, full(m.services, err))
+		})
+}
+
+// batchPut writes keys with values (one value, or a CPU's worth of a
+// per-CPU map's, per key) in one syscall where the kernel has batch
+// operations, else one at a time with put. The first n are written; err is
+// entry n's error (batchErr names the entry of a failed batch); the rest are
+// not tried.
+func batchPut[K any](m *ebpf.Map, keys []K, values any, put func(i int) error, batchErr func(i int, err error) error) (int, error) {
 	if len(keys) > 1 {
-		n, err := m.services.BatchUpdate(keys, values, nil)
+		n, err := m.BatchUpdate(keys, values, nil)
 		if err == nil {
 			return n, nil
 		}
 		if !errors.Is(err, ebpf.ErrNotSupported) {
 			n = min(n, len(keys)-1)
-			return n, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsServices, values[n].Id, full(m.services, err))
+			return n, batchErr(n, err)
 		}
 	}
 	for i := range keys {
-		if err := m.putService(keys[i], values[i]); err != nil {
+		if err := put(i); err != nil {
 			return i, err
 		}
 	}
@@ -445,22 +458,11 @@ func (m *Maps) putBackend(id uint32, v bpf.L4xdsLbBackend) error {
 // it: a service's hundred backends are one syscall, not a hundred. The
 // first n are written; err is entry n's error.
 func (m *Maps) putBackends(ids []uint32, values []bpf.L4xdsLbBackend) (int, error) {
-	if len(ids) > 1 {
-		n, err := m.backends.BatchUpdate(ids, values, nil)
-		if err == nil {
-			return n, nil
-		}
-		if !errors.Is(err, ebpf.ErrNotSupported) {
-			n = min(n, len(ids)-1)
-			return n, fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(values[n]), ids[n], full(m.backends, err))
-		}
-	}
-	for i, id := range ids {
-		if err := m.putBackend(id, values[i]); err != nil {
-			return i, err
-		}
-	}
-	return len(ids), nil
+	return batchPut(m.backends, ids, values,
+		func(i int) error { return m.putBackend(ids[i], values[i]) },
+		func(i int, err error) error {
+			return fmt.Errorf("write %s: backend %s (id %d): %w", bpf.L4xdsMapL4xdsBackends, backendAddrFromBPF(values[i]), ids[i], full(m.backends, err))
+		})
 }
 
 func (m *Maps) deleteBackend(id uint32) error {
@@ -910,30 +912,20 @@ func (m *Maps) putVIPs(vips []netip.Addr, counts []uint32) (int, error) {
 		keys = append(keys, addrToBPF(vip))
 	}
 	m.vipKeys = keys
-	written := 0
-	if len(keys) > 1 {
-		n, err := m.vips.BatchUpdate(keys, counts, nil)
-		switch {
-		case err == nil:
-			written = n
-		case !errors.Is(err, ebpf.ErrNotSupported):
-			n = min(n, len(keys)-1)
-			err = fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[n], full(m.vips, err))
-			if i, perr := m.unparkVIPs(vips[:n], keys[:n]); perr != nil {
-				return i, perr
-			}
-			return n, err
-		}
+	wrap := func(i int, err error) error {
+		return fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[i], full(m.vips, err))
 	}
-	for i := written; i < len(vips); i++ {
-		if err := m.vips.Put(&keys[i], counts[i]); err != nil {
-			if j, perr := m.unparkVIPs(vips[:i], keys[:i]); perr != nil {
-				return j, perr
+	n, err := batchPut(m.vips, keys, counts,
+		func(i int) error {
+			if err := m.vips.Put(&keys[i], counts[i]); err != nil {
+				return wrap(i, err)
 			}
-			return i, fmt.Errorf("write %s: %s: %w", bpf.L4xdsMapL4xdsVips, vips[i], full(m.vips, err))
-		}
+			return nil
+		}, wrap)
+	if i, perr := m.unparkVIPs(vips[:n], keys[:n]); perr != nil {
+		return i, perr
 	}
-	return m.unparkVIPs(vips, keys)
+	return n, err
 }
 
 // unparkVIPs deletes the VIPs just written from l4xds_old_vips, those that
@@ -992,20 +984,14 @@ func (m *Maps) zeroStats(svcIDs []uint32) (int, error) {
 	if need := len(svcIDs) * m.possibleCPU; len(m.zeroCounts) < need {
 		m.zeroCounts = make([]bpf.L4xdsLbStats, need)
 	}
-	if len(svcIDs) > 1 {
-		n, err := m.stats.BatchUpdate(svcIDs, m.zeroCounts[:len(svcIDs)*m.possibleCPU], nil)
-		if err == nil {
-			return n, nil
-		}
-		if !errors.Is(err, ebpf.ErrNotSupported) {
-			n = min(n, len(svcIDs)-1)
-			return n, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, svcIDs[n], err)
-		}
+	wrap := func(i int, err error) error {
+		return fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, svcIDs[i], err)
 	}
-	for i, id := range svcIDs {
-		if err := m.stats.Put(id, m.zeroCounts[:m.possibleCPU]); err != nil {
-			return i, fmt.Errorf("write %s: service %d: %w", bpf.L4xdsMapL4xdsStats, id, err)
-		}
-	}
-	return len(svcIDs), nil
+	return batchPut(m.stats, svcIDs, m.zeroCounts[:len(svcIDs)*m.possibleCPU],
+		func(i int) error {
+			if err := m.stats.Put(svcIDs[i], m.zeroCounts[:m.possibleCPU]); err != nil {
+				return wrap(i, err)
+			}
+			return nil
+		}, wrap)
 }
