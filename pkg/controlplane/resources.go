@@ -126,6 +126,7 @@ func ParseResources(data []byte, opts ...ParseOption) (Resources, error) {
 		if err != nil {
 			return nil, fmt.Errorf("document %d: %w", doc, err)
 		}
+		p.budget = budget{nodes: maxNodes, bytes: maxJSONBytes}
 		if err := p.document(fmt.Sprintf("document %d", doc), &n); err != nil {
 			return nil, err
 		}
@@ -139,6 +140,8 @@ type parser struct {
 	// firstSeen maps "type URL/name" to the location that defined it, to
 	// name both places in a duplicate error.
 	firstSeen map[string]string
+	// budget bounds the work of the current document.
+	budget budget
 }
 
 func (p *parser) document(where string, n *yaml.Node) error {
@@ -149,6 +152,9 @@ func (p *parser) document(where string, n *yaml.Node) error {
 		n = n.Content[0]
 	}
 	n = resolveAlias(n)
+	if err := p.budget.spend(1); err != nil {
+		return fmt.Errorf("%s (line %d): %w", where, n.Line, err)
+	}
 	switch n.Kind {
 	case yaml.ScalarNode:
 		if n.ShortTag() == "!!null" {
@@ -157,7 +163,7 @@ func (p *parser) document(where string, n *yaml.Node) error {
 		return fmt.Errorf("%s (line %d): expected a resource, got %q", where, n.Line, n.Value)
 	case yaml.SequenceNode:
 		for i, item := range n.Content {
-			if err := p.document(fmt.Sprintf("%s, item %d", where, i+1), item); err != nil {
+			if err := p.document(where+", item "+strconv.Itoa(i+1), item); err != nil {
 				return err
 			}
 		}
@@ -167,7 +173,7 @@ func (p *parser) document(where string, n *yaml.Node) error {
 		return fmt.Errorf("%s (line %d): expected a resource", where, n.Line)
 	}
 
-	pairs, err := mappingPairs(n, 0)
+	pairs, err := mappingPairs(n, 0, &p.budget)
 	if err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
@@ -208,7 +214,7 @@ func (p *parser) resource(where string, n *yaml.Node) error {
 	if n.Kind != yaml.MappingNode {
 		return fmt.Errorf("%s (line %d): a resource must be a map with \"@type\"", where, n.Line)
 	}
-	pairs, err := mappingPairs(n, 0)
+	pairs, err := mappingPairs(n, 0, &p.budget)
 	if err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
@@ -237,13 +243,12 @@ func (p *parser) resource(where string, n *yaml.Node) error {
 	}
 
 	var buf bytes.Buffer
-	budget := maxNodes
-	if err := writeJSON(&buf, n, true, &budget); err != nil {
+	if err := writeJSON(&buf, n, true, &p.budget); err != nil {
 		return fail("%v", err)
 	}
 	msg := mt.New().Interface()
 	if err := protojson.Unmarshal(buf.Bytes(), msg); err != nil {
-		if u, ok := findUnknownField(md, n, ""); ok {
+		if u, ok := findUnknownField(md, n, "", &p.budget); ok {
 			return fail("%s", u)
 		}
 		return fail("%s", cleanProtoError(err))
@@ -304,9 +309,25 @@ func cleanProtoError(err error) string {
 	return protoErrorPrefix.ReplaceAllString(err.Error(), "")
 }
 
-// maxNodes bounds the nodes visited while converting one resource, so that
-// nested YAML aliases cannot expand without limit.
-const maxNodes = 10_000_000
+// A few lines of YAML can name exponentially many nodes through aliases and
+// merge keys, so the work is bounded: the nodes and merged keys visited in
+// one document, and the JSON written for one resource. Both are far above
+// what a file of 100,000 endpoints needs.
+const (
+	maxNodes     = 10_000_000
+	maxJSONBytes = 64 << 20
+)
+
+type budget struct{ nodes, bytes int }
+
+var errTooLarge = errors.New("document too large after expanding aliases")
+
+func (b *budget) spend(nodes int) error {
+	if b.nodes -= nodes; b.nodes < 0 {
+		return errTooLarge
+	}
+	return nil
+}
 
 type pair struct {
 	key     string
@@ -332,21 +353,29 @@ func lookup(pairs []pair, key string) (*yaml.Node, bool) {
 
 // mappingPairs lists a mapping's entries with YAML merge keys ("<<: *x")
 // expanded: explicit keys win over merged ones, earlier merges over later.
-func mappingPairs(n *yaml.Node, depth int) ([]pair, error) {
+func mappingPairs(n *yaml.Node, depth int, b *budget) ([]pair, error) {
 	if depth > 32 {
 		return nil, fmt.Errorf("line %d: merge keys nested too deeply", n.Line)
 	}
-	var own, merged []pair
+	if err := b.spend(len(n.Content) / 2); err != nil {
+		return nil, err
+	}
+	var pairs []pair
+	var merges []*yaml.Node
+	seen := map[string]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := resolveAlias(n.Content[i]), n.Content[i+1]
 		if k.Kind != yaml.ScalarNode {
 			return nil, fmt.Errorf("line %d: map keys must be plain values", k.Line)
 		}
-		if k.ShortTag() != "!!merge" {
-			own = append(own, pair{key: k.Value, keyNode: k, value: v})
+		if k.ShortTag() == "!!merge" {
+			merges = append(merges, resolveAlias(v))
 			continue
 		}
-		v = resolveAlias(v)
+		seen[k.Value] = true
+		pairs = append(pairs, pair{key: k.Value, keyNode: k, value: v})
+	}
+	for _, v := range merges {
 		sources := []*yaml.Node{v}
 		if v.Kind == yaml.SequenceNode {
 			sources = v.Content
@@ -356,36 +385,36 @@ func mappingPairs(n *yaml.Node, depth int) ([]pair, error) {
 			if src.Kind != yaml.MappingNode {
 				return nil, fmt.Errorf("line %d: \"<<\" must merge a map", src.Line)
 			}
-			sub, err := mappingPairs(src, depth+1)
+			sub, err := mappingPairs(src, depth+1, b)
 			if err != nil {
 				return nil, err
 			}
-			merged = append(merged, sub...)
+			// Deduplicated as they come, so that a map merged many times
+			// through aliases holds each key once.
+			for _, kv := range sub {
+				if !seen[kv.key] {
+					seen[kv.key] = true
+					pairs = append(pairs, kv)
+				}
+			}
 		}
 	}
-	seen := make(map[string]bool, len(own))
-	for _, kv := range own {
-		seen[kv.key] = true
-	}
-	for _, kv := range merged {
-		if !seen[kv.key] {
-			seen[kv.key] = true
-			own = append(own, kv)
-		}
-	}
-	return own, nil
+	return pairs, nil
 }
 
 // writeJSON converts a YAML node to JSON. With skipType, the top-level
 // "@type" key is left out: the caller already picked the message from it.
-func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, budget *int) error {
-	if *budget--; *budget < 0 {
-		return errors.New("document too large after expanding aliases")
+func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, b *budget) error {
+	if err := b.spend(1); err != nil {
+		return err
+	}
+	if buf.Len() > b.bytes {
+		return errTooLarge
 	}
 	n = resolveAlias(n)
 	switch n.Kind {
 	case yaml.MappingNode:
-		pairs, err := mappingPairs(n, 0)
+		pairs, err := mappingPairs(n, 0, b)
 		if err != nil {
 			return err
 		}
@@ -401,7 +430,7 @@ func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, budget *int) erro
 			first = false
 			writeString(buf, kv.key)
 			buf.WriteByte(':')
-			if err := writeJSON(buf, kv.value, false, budget); err != nil {
+			if err := writeJSON(buf, kv.value, false, b); err != nil {
 				return err
 			}
 		}
@@ -412,7 +441,7 @@ func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, budget *int) erro
 			if i > 0 {
 				buf.WriteByte(',')
 			}
-			if err := writeJSON(buf, item, false, budget); err != nil {
+			if err := writeJSON(buf, item, false, b); err != nil {
 				return err
 			}
 		}
@@ -477,12 +506,15 @@ func writeString(buf *bytes.Buffer, s string) {
 // returns the first key that is not a field.
 // Well-known types (Struct, Any, Duration, ...) have their own JSON forms
 // and are not entered.
-func findUnknownField(md protoreflect.MessageDescriptor, n *yaml.Node, path string) (unknownField, bool) {
+func findUnknownField(md protoreflect.MessageDescriptor, n *yaml.Node, path string, b *budget) (unknownField, bool) {
 	n = resolveAlias(n)
+	if b.spend(1) != nil {
+		return unknownField{}, false
+	}
 	if n.Kind != yaml.MappingNode || strings.HasPrefix(string(md.FullName()), "google.protobuf.") {
 		return unknownField{}, false
 	}
-	pairs, err := mappingPairs(n, 0)
+	pairs, err := mappingPairs(n, 0, b)
 	if err != nil {
 		return unknownField{}, false
 	}
@@ -507,12 +539,12 @@ func findUnknownField(md protoreflect.MessageDescriptor, n *yaml.Node, path stri
 			if fd.MapValue().Kind() != protoreflect.MessageKind || v.Kind != yaml.MappingNode {
 				continue
 			}
-			entries, err := mappingPairs(v, 0)
+			entries, err := mappingPairs(v, 0, b)
 			if err != nil {
 				continue
 			}
 			for _, e := range entries {
-				if u, ok := findUnknownField(fd.MapValue().Message(), e.value, sub+"["+e.key+"]"); ok {
+				if u, ok := findUnknownField(fd.MapValue().Message(), e.value, sub+"["+e.key+"]", b); ok {
 					return u, true
 				}
 			}
@@ -522,12 +554,12 @@ func findUnknownField(md protoreflect.MessageDescriptor, n *yaml.Node, path stri
 				continue
 			}
 			for i, item := range v.Content {
-				if u, ok := findUnknownField(fd.Message(), item, fmt.Sprintf("%s[%d]", sub, i)); ok {
+				if u, ok := findUnknownField(fd.Message(), item, fmt.Sprintf("%s[%d]", sub, i), b); ok {
 					return u, true
 				}
 			}
 		default:
-			if u, ok := findUnknownField(fd.Message(), v, sub); ok {
+			if u, ok := findUnknownField(fd.Message(), v, sub, b); ok {
 				return u, true
 			}
 		}

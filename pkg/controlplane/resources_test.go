@@ -3,6 +3,7 @@
 package controlplane
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -325,5 +326,36 @@ func TestLoadFileNamesTheFile(t *testing.T) {
 	_, err := LoadFile(path)
 	if err == nil || !strings.HasPrefix(err.Error(), path+": document 2 (cluster \"web\"): duplicate") {
 		t.Fatalf("LoadFile error = %v", err)
+	}
+}
+
+// A few lines of YAML can name exponentially many nodes through aliases: each
+// of these is refused with an error naming the document, quickly and without
+// holding the expansion in memory.
+func TestParseRefusesAliasBombs(t *testing.T) {
+	// nest defines l1 to l30, each ten times the one before, as entries
+	// of the form line (with the level, the anchor and the value).
+	nest := func(first, line string, level func(prev string) string) string {
+		var b strings.Builder
+		b.WriteString(first)
+		for i := 1; i <= 30; i++ {
+			fmt.Fprintf(&b, line, i, i, level(fmt.Sprintf("*l%d", i-1)))
+		}
+		return b.String()
+	}
+	ten := func(s string) string { return strings.TrimSuffix(strings.Repeat(s+", ", 10), ", ") }
+	cluster := "'@type': type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: x\nmetadata:\n"
+	tests := []struct{ name, text string }{
+		{"merge keys", cluster + nest("  l0: &l0 {v: 1}\n", "  l%d: &l%d %s\n", func(p string) string { return "{<<: [" + ten(p) + "]}" })},
+		{"a long string in nested lists", cluster + nest("  l0: &l0 \""+strings.Repeat("x", 1<<16)+"\"\n", "  l%d: &l%d %s\n", func(p string) string { return "[" + ten(p) + "]" })},
+		{"documents of nested lists", nest("- &l0 [~]\n", "- # %d\n  &l%d %s\n", func(p string) string { return "[" + ten(p) + "]" })},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseResources([]byte(tt.text))
+			if err == nil || !strings.HasPrefix(err.Error(), "document 1") || !strings.Contains(err.Error(), "too large") {
+				t.Fatalf("error %v, want document 1 ... too large", err)
+			}
+		})
 	}
 }
