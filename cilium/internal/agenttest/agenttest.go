@@ -124,6 +124,10 @@ type Env struct {
 	cg2Root string // the cgroup2 mount of the host
 	path    string // the agent's PATH
 
+	// nextPort is the first source port of the next probe of several
+	// flows (see RunProbe).
+	nextPort int
+
 	mu        sync.Mutex
 	agent     *netns.Proc
 	agentLogs []string // output of agents stopped before
