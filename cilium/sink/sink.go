@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -284,7 +285,8 @@ func (s *Sink) forget(name lb.ServiceName, st *service) {
 func (t *txn) writeBackends(name lb.ServiceName, st *service) error {
 	active4, active6 := activePriority(st.backends, true), activePriority(st.backends, false)
 	cbes := make([]clb.Backend, 0, len(st.ports)*len(st.backends))
-	for k, p := range st.ports {
+	for _, p := range st.ports {
+		first := len(cbes) // this port name's rows start here
 		// One slice for the port's backends: rows are immutable, and an
 		// append to it (below) copies, its capacity being its length.
 		names := []string{p.String()}
@@ -317,22 +319,45 @@ func (t *txn) writeBackends(name lb.ServiceName, st *service) error {
 			if be.Zone != "" {
 				cbe.Zone = &clb.BackendZone{Zone: be.Zone}
 			}
-			// Two port names may give a backend the same address: one row
-			// that carries both names.
-			// (Only past the first port name: a CLA lists an address once.)
-			if k > 0 {
-				if i := slices.IndexFunc(cbes, func(o clb.Backend) bool { return o.Address == cbe.Address }); i >= 0 {
-					cbes[i].PortNames = append(cbes[i].PortNames, p.String())
-					continue
-				}
+			// Cilium has one row, with one weight, per backend address.
+			i := slices.IndexFunc(cbes, func(o clb.Backend) bool { return o.Address == cbe.Address })
+			switch {
+			case i < 0:
+				cbes = append(cbes, cbe)
+			case i >= first:
+				// The target port made two endpoints one address: one
+				// backend with both shares, as the standalone datapath
+				// gives it both endpoints' slots.
+				mergeBackend(&cbes[i], cbe)
+			case !slices.Contains(cbes[i].PortNames, names[0]):
+				// Another port name has this address (the same endpoint,
+				// or one whose port is this target port): one row with
+				// both names.
+				cbes[i].PortNames = append(cbes[i].PortNames, names[0])
+			default:
+				// Both, and the sum would change the weight the other
+				// port name gives the backend.
+				return fmt.Errorf("service %q: endpoint %s becomes %s for port name %s, a backend that port names %s already have: Cilium gives a backend one weight for all its port names",
+					name, be.Address, cbe.Address.StringWithProtocol(), names[0], strings.Join(cbes[i].PortNames, " and "))
 			}
-			cbes = append(cbes, cbe)
 		}
 	}
 	if err := t.s.w.SetBackends(t.txn, t.s.name(name), Source, cbes...); err != nil {
 		return fmt.Errorf("service %q: %w", name, err)
 	}
 	return nil
+}
+
+// mergeBackend adds o's share to b, both rows of one address: the weights
+// of active rows add up; a row that takes no new flows adds nothing.
+func mergeBackend(b *clb.Backend, o clb.Backend) {
+	switch {
+	case o.State != clb.BackendStateActive:
+	case b.State != clb.BackendStateActive:
+		b.State, b.Weight = o.State, o.Weight
+	default:
+		b.Weight = uint16(min(uint32(b.Weight)+uint32(o.Weight), math.MaxUint16))
+	}
 }
 
 // activePriority is the lowest priority that has an active backend with a
