@@ -155,6 +155,10 @@ func (p *parser) document(where string, n *yaml.Node) error {
 	if err := p.budget.spend(1); err != nil {
 		return fmt.Errorf("%s (line %d): %w", where, n.Line, err)
 	}
+	if err := p.budget.enter(); err != nil {
+		return fmt.Errorf("%s (line %d): %w", where, n.Line, err)
+	}
+	defer p.budget.leave()
 	switch n.Kind {
 	case yaml.ScalarNode:
 		if n.ShortTag() == "!!null" {
@@ -318,9 +322,27 @@ const (
 	maxJSONBytes = 64 << 20
 )
 
-type budget struct{ nodes, bytes int }
+// maxDepth bounds the nesting of one document: an alias inside the node it
+// names makes a cycle, which would recurse until the stack overflows.
+const maxDepth = 1000
 
-var errTooLarge = errors.New("document too large after expanding aliases")
+type budget struct{ nodes, bytes, depth int }
+
+var (
+	errTooLarge = errors.New("document too large after expanding aliases")
+	errTooDeep  = errors.New("document nested too deeply (an alias inside the node it names?)")
+)
+
+// enter counts one more level of nesting; leave, its undo, is deferred.
+func (b *budget) enter() error {
+	if b.depth++; b.depth > maxDepth {
+		b.depth--
+		return errTooDeep
+	}
+	return nil
+}
+
+func (b *budget) leave() { b.depth-- }
 
 func (b *budget) spend(nodes int) error {
 	if b.nodes -= nodes; b.nodes < 0 {
@@ -411,6 +433,10 @@ func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, b *budget) error 
 	if buf.Len() > b.bytes {
 		return errTooLarge
 	}
+	if err := b.enter(); err != nil {
+		return err
+	}
+	defer b.leave()
 	n = resolveAlias(n)
 	switch n.Kind {
 	case yaml.MappingNode:
@@ -508,9 +534,10 @@ func writeString(buf *bytes.Buffer, s string) {
 // and are not entered.
 func findUnknownField(md protoreflect.MessageDescriptor, n *yaml.Node, path string, b *budget) (unknownField, bool) {
 	n = resolveAlias(n)
-	if b.spend(1) != nil {
+	if b.spend(1) != nil || b.enter() != nil {
 		return unknownField{}, false
 	}
+	defer b.leave()
 	if n.Kind != yaml.MappingNode || strings.HasPrefix(string(md.FullName()), "google.protobuf.") {
 		return unknownField{}, false
 	}
