@@ -126,7 +126,7 @@ func ParseResources(data []byte, opts ...ParseOption) (Resources, error) {
 		if err != nil {
 			return nil, fmt.Errorf("document %d: %w", doc, err)
 		}
-		p.budget = budget{nodes: maxNodes, bytes: maxJSONBytes}
+		p.budget = budget{nodes: maxNodes}
 		if err := p.document(fmt.Sprintf("document %d", doc), &n); err != nil {
 			return nil, err
 		}
@@ -326,7 +326,7 @@ const (
 // names makes a cycle, which would recurse until the stack overflows.
 const maxDepth = 1000
 
-type budget struct{ nodes, bytes, depth int }
+type budget struct{ nodes, depth int }
 
 var (
 	errTooLarge = errors.New("document too large after expanding aliases")
@@ -430,7 +430,7 @@ func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, b *budget) error 
 	if err := b.spend(1); err != nil {
 		return err
 	}
-	if buf.Len() > b.bytes {
+	if buf.Len() > maxJSONBytes {
 		return errTooLarge
 	}
 	if err := b.enter(); err != nil {

@@ -124,11 +124,8 @@ type Env struct {
 	cg2Root string // the cgroup2 mount of the host
 	path    string // the agent's PATH
 
-	// nextPort is the first source port of the next probe of several
-	// flows (see RunProbe).
-	nextPort int
-
 	mu        sync.Mutex
+	nextPort  int // the first source port of RunProbe's next probe of several flows
 	agent     *netns.Proc
 	agentLogs []string // output of agents stopped before
 	started   time.Time
