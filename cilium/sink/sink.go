@@ -207,6 +207,19 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 		// K8sStringMap, which prefixes any other source to the key.
 		csvc.Labels = labels.Map2Labels(svc.Labels, labels.LabelSourceK8s)
 	}
+	// A change of target ports rewrites the backends: make their rows
+	// first as well, so that a refused update writes nothing.
+	var cur service
+	if st := t.s.services[svc.Name]; st != nil {
+		cur = *st
+	}
+	rewrite := !slices.Equal(cur.ports, ports)
+	var cbes []clb.Backend
+	if rewrite {
+		if cbes, err = backendRows(svc.Name, cur.backends, ports); err != nil {
+			return err
+		}
+	}
 	if err := t.s.w.UpsertServiceAndFrontends(t.txn, csvc, cfes...); err != nil {
 		if errors.Is(err, clb.ErrFrontendConflict) {
 			err = fmt.Errorf("%w: %w", lb.ErrFrontendConflict, err)
@@ -220,11 +233,11 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 			"service", svc.Name, "reject_weight", svc.RejectWeight)
 	}
 	st.reject = svc.RejectWeight
-	if slices.Equal(st.ports, ports) {
+	if !rewrite {
 		return nil
 	}
 	st.ports = ports
-	return t.writeBackends(svc.Name, st)
+	return t.setBackends(svc.Name, cbes)
 }
 
 // owner names the service of a frontend as the standalone agent would: a
@@ -250,8 +263,13 @@ func (t *txn) DeleteServiceAndFrontends(name lb.ServiceName) error {
 
 func (t *txn) SetBackends(name lb.ServiceName, bes ...lb.BackendParams) error {
 	st := t.s.state(name)
+	cbes, err := backendRows(name, bes, st.ports)
+	if err != nil {
+		t.s.forget(name, st)
+		return err
+	}
 	st.backends = bes
-	err := t.writeBackends(name, st)
+	err = t.setBackends(name, cbes)
 	t.s.forget(name, st)
 	return err
 }
@@ -280,24 +298,25 @@ func (s *Sink) forget(name lb.ServiceName, st *service) {
 	}
 }
 
-// writeBackends writes the service's backends once per port name.
-// Backends whose service has no frontends yet are kept until it has.
-func (t *txn) writeBackends(name lb.ServiceName, st *service) error {
-	active4, active6 := activePriority(st.backends, true), activePriority(st.backends, false)
-	cbes := make([]clb.Backend, 0, len(st.ports)*len(st.backends))
-	for _, p := range st.ports {
+// backendRows are the service's backends in Cilium's rows, once per port
+// name: none while it has no frontends. Made before anything is written, so
+// that what Cilium cannot say refuses the update whole.
+func backendRows(name lb.ServiceName, backends []lb.BackendParams, ports []portName) ([]clb.Backend, error) {
+	active4, active6 := activePriority(backends, true), activePriority(backends, false)
+	cbes := make([]clb.Backend, 0, len(ports)*len(backends))
+	for _, p := range ports {
 		first := len(cbes) // this port name's rows start here
 		// One slice for the port's backends: rows are immutable, and an
 		// append to it (below) copies, its capacity being its length.
 		names := []string{p.String()}
-		for _, be := range st.backends {
+		for _, be := range backends {
 			port := be.Address.Port
 			if p.target != 0 {
 				port = p.target
 			}
 			state, err := backendState(be.State)
 			if err != nil {
-				return fmt.Errorf("service %q: backend %s: %w", name, be.Address, err)
+				return nil, fmt.Errorf("service %q: backend %s: %w", name, be.Address, err)
 			}
 			// No new flows without a weight, or outside the active
 			// priority: kept for its flows, as Cilium's Kubernetes source
@@ -337,12 +356,17 @@ func (t *txn) writeBackends(name lb.ServiceName, st *service) error {
 			default:
 				// Both, and the sum would change the weight the other
 				// port name gives the backend.
-				return fmt.Errorf("service %q: endpoint %s becomes %s for port name %s, a backend that port names %s already have: Cilium gives a backend one weight for all its port names",
+				return nil, fmt.Errorf("service %q: endpoint %s becomes %s for port name %s, a backend that port names %s already have: Cilium gives a backend one weight for all its port names",
 					name, be.Address, cbe.Address.StringWithProtocol(), names[0], strings.Join(cbes[i].PortNames, " and "))
 			}
 		}
 	}
-	if err := t.s.w.SetBackends(t.txn, t.s.name(name), Source, cbes...); err != nil {
+	return cbes, nil
+}
+
+// setBackends replaces the service's backends by rows.
+func (t *txn) setBackends(name lb.ServiceName, rows []clb.Backend) error {
+	if err := t.s.w.SetBackends(t.txn, t.s.name(name), Source, rows...); err != nil {
 		return fmt.Errorf("service %q: %w", name, err)
 	}
 	return nil

@@ -313,23 +313,29 @@ func (c *Controller) upsertCluster(txn SinkTxn, r xds.Resource) error {
 	}
 
 	switch {
-	case renamed && spec.EDSName != "":
-		if err = txn.SetBackends(prev.svc.Name); err == nil {
-			err = txn.SetBackends(name, c.clas[spec.EDSName]...)
-		}
-	case renamed:
-		if err = txn.SetBackends(prev.svc.Name); err == nil {
-			err = txn.SetBackends(name, spec.Backends...)
-		}
 	case spec.EDSName == "":
 		err = txn.SetBackends(name, spec.Backends...)
-	case !had || prev.eds != spec.EDSName:
+	case renamed || !had || prev.eds != spec.EDSName:
 		// The backends of the new CLA if known, none otherwise: the old
 		// CLA's backends must not serve the new name.
 		err = txn.SetBackends(name, c.clas[spec.EDSName]...)
 	}
+	if err == nil && renamed {
+		err = txn.SetBackends(prev.svc.Name)
+	}
 	if err != nil {
-		return fmt.Errorf("cluster %q: %w", r.Name, err)
+		// The new frontends are written and their backends refused: what
+		// served before comes back.
+		err = fmt.Errorf("cluster %q: %w", r.Name, err)
+		switch {
+		case renamed:
+			err = errors.Join(err, txn.DeleteServiceAndFrontends(name), txn.UpsertServiceAndFrontends(prev.svc, prev.fes...))
+		case had:
+			err = errors.Join(err, txn.UpsertServiceAndFrontends(prev.svc, prev.fes...))
+		default:
+			err = errors.Join(err, txn.DeleteServiceAndFrontends(name))
+		}
+		return err
 	}
 
 	if had || wasHeld {
