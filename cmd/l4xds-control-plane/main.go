@@ -32,6 +32,7 @@ import (
 	"github.com/l4xds/l4xds/pkg/controlplane"
 	"github.com/l4xds/l4xds/pkg/devcerts"
 	"github.com/l4xds/l4xds/pkg/logging"
+	"github.com/l4xds/l4xds/pkg/memlimit"
 	"github.com/l4xds/l4xds/pkg/tlsmetrics"
 	"github.com/l4xds/l4xds/pkg/version"
 )
@@ -180,6 +181,13 @@ certificates expire).`,
 			s, err := prepare(f, stderr)
 			if err != nil {
 				return err
+			}
+			// Memory grows with the agents connected: near the container's
+			// limit the collector works harder instead of the pod being killed.
+			if cgroup, set, err := memlimit.FromCgroup(); err != nil {
+				s.log.Warn("Go memory limit not taken from the container's", "error", err)
+			} else if set > 0 {
+				s.log.Info("Go memory limit taken from the container's", "container_bytes", cgroup, "go_bytes", set)
 			}
 			lis, err := listen("tcp", f.listen)
 			if err != nil {

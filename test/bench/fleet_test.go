@@ -77,15 +77,27 @@ func BenchmarkFleet(b *testing.B) {
 		}
 		streams = n
 	}
+	// L4XDS_BENCH_FLEET_SERVER_MEMORY_PER_STREAM=BYTES runs the server in a
+	// memory cgroup sized as Documentation/kubernetes.md sizes the control
+	// plane's container: 64 MiB and BYTES per agent. The server takes 90 %
+	// of that as its Go memory limit, as it does in a pod.
+	var perStream int64
+	if v := os.Getenv("L4XDS_BENCH_FLEET_SERVER_MEMORY_PER_STREAM"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			b.Fatalf("L4XDS_BENCH_FLEET_SERVER_MEMORY_PER_STREAM=%q: want a positive number of bytes", v)
+		}
+		perStream = n
+	}
 	for range b.N {
-		fmt.Println(measureFleet(b, streams, shape{100, 10}, 5, 10*time.Second))
+		fmt.Println(measureFleet(b, streams, shape{100, 10}, 5, 10*time.Second, perStream))
 	}
 }
 
 // The same harness on a small fleet: every stream gets every change and
 // the state back after a restart, and never a partial one.
 func TestFleet(t *testing.T) {
-	f := measureFleet(t, 40, shape{20, 3}, 2, time.Second)
+	f := measureFleet(t, 40, shape{20, 3}, 2, time.Second, 0)
 	t.Log(f)
 	if len(f.latencies) != 40*2 || f.partial != 0 || f.restart <= 0 || f.rssPeak == 0 || f.goroutines == 0 {
 		t.Errorf("fleet = %+v", f)
@@ -107,22 +119,30 @@ type fleet struct {
 	partial                           int64
 	// reconnects: streams that broke before the restart
 	reconnects int64
+	// memoryPerStream sized the server's memory cgroup; 0 for none.
+	memoryPerStream int64
 }
 
 func (f fleet) String() string {
 	ms := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds()*1000, 'f', 1, 64) }
+	var limit string
+	if f.memoryPerStream > 0 {
+		limit = fmt.Sprintf(" server_cgroup_memory=64MiB+%d*streams", f.memoryPerStream)
+	}
 	return fmt.Sprintf("BENCH fleet streams=%d shape=%s change_ack_p50_ms=%s change_ack_p99_ms=%s change_ack_max_ms=%s "+
 		"server_rss_peak_bytes_per_stream=%d server_rss_rest_bytes_per_stream=%d server_heap_live_bytes_per_stream=%d "+
 		"server_stack_bytes_per_stream=%d server_goroutines_per_stream=%.2f "+
 		"server_cpu_us_per_stream_change=%.1f restart_all_synced_s=%.3f partial_states=%d reconnects=%d",
 		f.streams, f.shape, ms(quantile(f.latencies, 0.5)), ms(quantile(f.latencies, 0.99)), ms(f.latencies[len(f.latencies)-1]),
 		f.rssPeak, f.rssRest, f.heapLive, f.stack, f.goroutines,
-		float64(f.cpuPerChange.Microseconds()), f.restart.Seconds(), f.partial, f.reconnects)
+		float64(f.cpuPerChange.Microseconds()), f.restart.Seconds(), f.partial, f.reconnects) + limit
 }
 
 // measureFleet runs streams against the shape's resources through changes;
-// its resident memory is at rest once it has not fallen for settle.
-func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.Duration) fleet {
+// its resident memory is at rest once it has not fallen for settle. With
+// memoryPerStream the server runs in a memory cgroup of 64 MiB and that
+// per stream.
+func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.Duration, memoryPerStream int64) fleet {
 	bin := os.Getenv("L4XDS_BIN")
 	if bin == "" {
 		tb.Skip("needs L4XDS_BIN, the directory of the built binaries (make test sets it)")
@@ -138,7 +158,11 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.
 	// profiles and metrics at rest after the changes, and its CPU profile
 	// over the changes (L4XDS_BENCH_FLEET_PROFILE_SECONDS, 30), into DIR.
 	profileDir := os.Getenv("L4XDS_BENCH_FLEET_PROFILE")
-	cp := startFleetServer(tb, filepath.Join(bin, "l4xds-control-plane"), dir, file, "127.0.0.1:0", "--health-listen", "127.0.0.1:0", "--pprof")
+	var cgroup string
+	if memoryPerStream > 0 {
+		cgroup = memoryCgroup(tb, 64<<20+memoryPerStream*int64(streams))
+	}
+	cp := startFleetServer(tb, filepath.Join(bin, "l4xds-control-plane"), cgroup, dir, file, "127.0.0.1:0", "--health-listen", "127.0.0.1:0", "--pprof")
 	addr := cp.addr
 	m := healthRE.FindStringSubmatch(cp.Output())
 	if m == nil {
@@ -183,7 +207,7 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.
 		return fmt.Sprintf("%d of %d streams lack round %d, %d connected; %s", behind, len(nodes), round, connected, dumpGoroutines(health))
 	}
 	waitFleet(tb, "every stream synced", 5*time.Minute, func() bool { return synced(1) }, func() string { return progress(1) })
-	f := fleet{streams: streams, shape: s}
+	f := fleet{streams: streams, shape: s, memoryPerStream: memoryPerStream}
 
 	var cpuProfile chan error
 	if profileDir != "" {
@@ -249,7 +273,7 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.
 		n.resync.Store(true)
 	}
 	restart := time.Now()
-	startFleetServer(tb, filepath.Join(bin, "l4xds-control-plane"), dir, file, addr)
+	startFleetServer(tb, filepath.Join(bin, "l4xds-control-plane"), cgroup, dir, file, addr)
 	waitFleet(tb, "every stream synced after the restart", 5*time.Minute, func() bool {
 		for _, n := range nodes {
 			if n.resync.Load() {
@@ -428,14 +452,21 @@ type fleetServer struct {
 	addr string
 }
 
-// startFleetServer runs the control plane on addr ("…:0" for any port),
-// retrying while a killed predecessor's address is not free yet.
-func startFleetServer(tb testing.TB, bin, certs, file, addr string, extra ...string) *fleetServer {
+// startFleetServer runs the control plane on addr ("…:0" for any port), in
+// cgroup unless that is "", retrying while a killed predecessor's address
+// is not free yet.
+func startFleetServer(tb testing.TB, bin, cgroup, certs, file, addr string, extra ...string) *fleetServer {
 	tb.Helper()
 	for attempt := 0; ; attempt++ {
-		cmd := exec.Command(bin, append([]string{"serve", "--resources", file, "--listen", addr,
+		args := append([]string{"serve", "--resources", file, "--listen", addr,
 			"--cert", filepath.Join(certs, devcerts.ServerCert), "--key", filepath.Join(certs, devcerts.ServerKey),
-			"--client-ca", filepath.Join(certs, devcerts.CACert), "--log-level", "info"}, extra...)...)
+			"--client-ca", filepath.Join(certs, devcerts.CACert), "--log-level", "info"}, extra...)
+		cmd := exec.Command(bin, args...)
+		if cgroup != "" {
+			// Into the cgroup before the server starts: it reads its
+			// limit at start. exec keeps the PID that is measured.
+			cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ >"$0" && exec "$@"`, filepath.Join(cgroup, "cgroup.procs"), bin}, args...)...)
+		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		// L4XDS_BENCH_FLEET_SERVER_GOGC is the server's GOGC alone: its
 		// resident memory is its live heap and stacks plus the heap's
@@ -586,4 +617,54 @@ func fleetClientTLS(tb testing.TB, dir string) *tls.Config {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca)
 	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS13}
+}
+
+// memoryCgroup makes a memory cgroup of limit bytes beside this process's
+// own and removes it at the end, once what ran in it has ended.
+func memoryCgroup(tb testing.TB, limit int64) string {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Fatal("a memory cgroup for the server needs root")
+	}
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// cgroup v2 where the unified hierarchy is mounted at the root, else
+	// v1's memory hierarchy.
+	root, file, match := "/sys/fs/cgroup/memory", "memory.limit_in_bytes", func(c string) bool { return slices.Contains(strings.Split(c, ","), "memory") }
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		root, file, match = "/sys/fs/cgroup", "memory.max", func(c string) bool { return c == "" }
+	}
+	var own string
+	for line := range strings.Lines(string(self)) {
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) == 3 && match(parts[1]) {
+			own = parts[2]
+		}
+	}
+	// Beside ours, not in it: cgroup v2 lets only leaves hold processes.
+	dir := filepath.Join(root, filepath.Dir(own), fmt.Sprintf("l4xds-bench-fleet-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		tb.Fatalf("a memory cgroup for the server: %v", err)
+	}
+	tb.Cleanup(func() {
+		// The server's processes are reaped by now (their cleanups run
+		// first); the kernel may take a moment to let the cgroup go.
+		for i := 0; ; i++ {
+			err := os.Remove(dir)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				return
+			}
+			if i == 50 {
+				tb.Errorf("removing the server's cgroup: %v", err)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(strconv.FormatInt(limit, 10)), 0); err != nil {
+		tb.Fatalf("the server's memory cgroup %s: %s: %v", dir, file, err)
+	}
+	return dir
 }
