@@ -97,7 +97,13 @@ func BenchmarkFleet(b *testing.B) {
 // The same harness on a small fleet: every stream gets every change and
 // the state back after a restart, and never a partial one.
 func TestFleet(t *testing.T) {
-	f := measureFleet(t, 40, shape{20, 3}, 2, time.Second, 0)
+	// As root, in a memory cgroup (16 MiB a stream, more than it needs):
+	// the server must find its limit there.
+	var perStream int64
+	if os.Geteuid() == 0 {
+		perStream = 16 << 20
+	}
+	f := measureFleet(t, 40, shape{20, 3}, 2, time.Second, perStream)
 	t.Log(f)
 	if len(f.latencies) != 40*2 || f.partial != 0 || f.restart <= 0 || f.rssPeak == 0 || f.goroutines == 0 {
 		t.Errorf("fleet = %+v", f)
@@ -169,6 +175,9 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.
 		tb.Fatalf("no health address in the control plane's output:\n%s", cp.Output())
 	}
 	health := "http://" + m[1]
+	if cgroup != "" && !strings.Contains(cp.Output(), "Go memory limit taken from the container's") {
+		tb.Fatalf("the control plane did not take its memory limit from its cgroup:\n%s", cp.Output())
+	}
 	runtimeBefore := serverRuntime(tb, health)
 	rssBefore := procStatus(tb, cp.Cmd.Process.Pid, "VmRSS")
 
