@@ -417,7 +417,10 @@ func (c *Controller) writeHeld(txn SinkTxn, name string, bes []loadbalancer.Back
 		return fmt.Errorf("cluster %q: %w", name, err)
 	}
 	if err := txn.SetBackends(cl.svc.Name, bes...); err != nil {
-		return fmt.Errorf("cluster %q: %w", name, err)
+		// Held, it has written nothing: the frontends written just above
+		// go again, else they would serve without backends and outlive
+		// the cluster (deleteCluster deletes nothing of a held one).
+		return errors.Join(fmt.Errorf("cluster %q: %w", name, err), txn.DeleteServiceAndFrontends(cl.svc.Name))
 	}
 	for _, fe := range cl.fes {
 		delete(c.reserved, fe.Address)
