@@ -622,7 +622,7 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 	}
 	for _, name := range u.Removed {
 		delete(c.clas, name)
-		if err := c.setBackends(txn, name, nil); err != nil {
+		if _, err := c.setBackends(txn, name, nil); err != nil {
 			rejected[name] = err
 		}
 		c.sawEndpoints(name)
@@ -643,8 +643,24 @@ func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
 		}
 		return err
 	}
+	old, known := c.clas[r.Name]
 	c.clas[r.Name] = bes
-	return c.setBackends(txn, r.Name, bes)
+	if refused, err := c.setBackends(txn, r.Name, bes); err != nil {
+		if !refused {
+			// Only a held cluster's VIPs are taken: it is written
+			// with these endpoints once they are free.
+			return err
+		}
+		// Refused: the name keeps the endpoints last accepted, those a
+		// cluster that starts using it (or is renamed) gets.
+		if known {
+			c.clas[r.Name] = old
+		} else {
+			delete(c.clas, r.Name)
+		}
+		return err
+	}
+	return nil
 }
 
 // upsertEndpointsOf is upsertEndpoints for every resource of an update, the
@@ -702,21 +718,23 @@ func (c *Controller) translateEndpoints(r xds.Resource) ([]loadbalancer.BackendP
 }
 
 // setBackends gives bes to every cluster of the EDS name, writing the held
-// ones with them.
-func (c *Controller) setBackends(txn SinkTxn, edsName string, bes []loadbalancer.BackendParams) error {
+// ones with them. refused says whether bes themselves were refused, not
+// only a held cluster's VIPs (taken by another source).
+func (c *Controller) setBackends(txn SinkTxn, edsName string, bes []loadbalancer.BackendParams) (refused bool, err error) {
 	var errs []error
 	for _, name := range c.users[edsName] {
 		if c.clusters[name].held {
 			if err := c.writeHeld(txn, name, bes); err != nil {
 				errs = append(errs, fmt.Errorf("cluster_load_assignment %q: %w", edsName, err))
+				refused = refused || !errors.Is(err, loadbalancer.ErrFrontendConflict)
 			}
 			continue
 		}
 		if err := txn.SetBackends(c.clusters[name].svc.Name, bes...); err != nil {
-			return fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, name, err)
+			return true, fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, name, err)
 		}
 	}
-	return errors.Join(errs...)
+	return refused, errors.Join(errs...)
 }
 
 // writeHeldUsers writes the held clusters of the EDS name with the backends
