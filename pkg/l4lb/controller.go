@@ -417,7 +417,10 @@ func (c *Controller) writeHeld(txn SinkTxn, name string, bes []loadbalancer.Back
 		return fmt.Errorf("cluster %q: %w", name, err)
 	}
 	if err := txn.SetBackends(cl.svc.Name, bes...); err != nil {
-		return fmt.Errorf("cluster %q: %w", name, err)
+		// Held, it has written nothing: the frontends written just above
+		// go again, else they would serve without backends and outlive
+		// the cluster (deleteCluster deletes nothing of a held one).
+		return errors.Join(fmt.Errorf("cluster %q: %w", name, err), txn.DeleteServiceAndFrontends(cl.svc.Name))
 	}
 	for _, fe := range cl.fes {
 		delete(c.reserved, fe.Address)
@@ -619,7 +622,7 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 	}
 	for _, name := range u.Removed {
 		delete(c.clas, name)
-		if err := c.setBackends(txn, name, nil); err != nil {
+		if _, err := c.setBackends(txn, name, nil, nil); err != nil {
 			rejected[name] = err
 		}
 		c.sawEndpoints(name)
@@ -640,8 +643,24 @@ func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
 		}
 		return err
 	}
+	old, known := c.clas[r.Name]
 	c.clas[r.Name] = bes
-	return c.setBackends(txn, r.Name, bes)
+	if refused, err := c.setBackends(txn, r.Name, bes, old); err != nil {
+		if !refused {
+			// Only a held cluster's VIPs are taken: it is written
+			// with these endpoints once they are free.
+			return err
+		}
+		// Refused: the name keeps the endpoints last accepted, those a
+		// cluster that starts using it (or is renamed) gets.
+		if known {
+			c.clas[r.Name] = old
+		} else {
+			delete(c.clas, r.Name)
+		}
+		return err
+	}
+	return nil
 }
 
 // upsertEndpointsOf is upsertEndpoints for every resource of an update, the
@@ -699,21 +718,43 @@ func (c *Controller) translateEndpoints(r xds.Resource) ([]loadbalancer.BackendP
 }
 
 // setBackends gives bes to every cluster of the EDS name, writing the held
-// ones with them.
-func (c *Controller) setBackends(txn SinkTxn, edsName string, bes []loadbalancer.BackendParams) error {
-	var errs []error
-	for _, name := range c.users[edsName] {
-		if c.clusters[name].held {
-			if err := c.writeHeld(txn, name, bes); err != nil {
-				errs = append(errs, fmt.Errorf("cluster_load_assignment %q: %w", edsName, err))
+// ones with them. refused says whether bes themselves were refused, not
+// only a held cluster's VIPs (taken by another source): then no cluster
+// has them, those already set get back old.
+func (c *Controller) setBackends(txn SinkTxn, edsName string, bes, old []loadbalancer.BackendParams) (refused bool, err error) {
+	users := c.users[edsName]
+	// undo gives old back to the written clusters among set.
+	undo := func(set []string, errs []error) []error {
+		for _, name := range set {
+			if !c.clusters[name].held {
+				errs = append(errs, txn.SetBackends(c.clusters[name].svc.Name, old...))
 			}
+		}
+		return errs
+	}
+	for i, name := range users {
+		if c.clusters[name].held {
 			continue
 		}
 		if err := txn.SetBackends(c.clusters[name].svc.Name, bes...); err != nil {
-			return fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, name, err)
+			errs := []error{fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, name, err)}
+			return true, errors.Join(undo(users[:i], errs)...)
 		}
 	}
-	return errors.Join(errs...)
+	var errs []error
+	for _, name := range users {
+		if !c.clusters[name].held {
+			continue
+		}
+		if err := c.writeHeld(txn, name, bes); err != nil {
+			errs = append(errs, fmt.Errorf("cluster_load_assignment %q: %w", edsName, err))
+			refused = refused || !errors.Is(err, loadbalancer.ErrFrontendConflict)
+		}
+	}
+	if refused {
+		errs = undo(users, errs)
+	}
+	return refused, errors.Join(errs...)
 }
 
 // writeHeldUsers writes the held clusters of the EDS name with the backends
