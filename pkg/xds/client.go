@@ -447,17 +447,8 @@ func (c *Client) dialOptions(srv *managementServer) []grpc.DialOption {
 			Timeout: 20 * time.Second,
 		}),
 		grpc.WithUserAgent(userAgent),
-		// A fixed window: gRPC's grows with the bandwidth-delay product up
-		// to 16 MiB, and a server that sends faster than the agent applies
-		// would queue that much of superseded responses, each applied in
-		// turn before the newest.
-		grpc.WithInitialWindowSize(receiveWindow),
-		grpc.WithInitialConnWindowSize(receiveWindow),
 	}
 }
-
-// receiveWindow bounds what a server may have sent ahead of the agent.
-const receiveWindow = 1 << 20
 
 type recvResult struct {
 	resp *response
