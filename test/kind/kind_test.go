@@ -385,9 +385,9 @@ func checkSplitRefused(t *testing.T, what string, r probeResult, want map[string
 	t.Helper()
 	var shares []string
 	for name, pct := range want {
-		got := 100 * float64(r.Backends[name]) / float64(r.Flows)
+		got := r.share(name)
 		shares = append(shares, fmt.Sprintf("%s %d (%.1f%%, want %.0f%%)", name, r.Backends[name], got, pct))
-		if got < pct-tolerance || got > pct+tolerance {
+		if !nearShare(got, pct) {
 			t.Errorf("%s: backend %s got %.1f%% of the flows, want %.0f±%.0f", what, name, got, pct, tolerance)
 		}
 	}
@@ -399,7 +399,7 @@ func checkSplitRefused(t *testing.T, what string, r probeResult, want map[string
 		}
 		got := 100 * float64(n) / float64(r.Flows)
 		shares = append(shares, fmt.Sprintf("refused %d (%.1f%%, want %.0f%%)", n, got, refused))
-		if got < refused-tolerance || got > refused+tolerance {
+		if !nearShare(got, refused) {
 			t.Errorf("%s: %.1f%% of the flows refused, want %.0f±%.0f", what, got, refused, tolerance)
 		}
 	}
@@ -558,12 +558,20 @@ func (c *cluster) probeSplit(t *testing.T, what, vip, proto string, want map[str
 // within tolerance of want's.
 func withinTolerance(r probeResult, want map[string]float64) bool {
 	for name, pct := range want {
-		if got := 100 * float64(r.Backends[name]) / float64(r.Flows); got < pct-tolerance || got > pct+tolerance {
+		if !nearShare(r.share(name), pct) {
 			return false
 		}
 	}
 	return true
 }
+
+// share is the percentage of r's flows that backend name answered.
+func (r probeResult) share(name string) float64 {
+	return 100 * float64(r.Backends[name]) / float64(r.Flows)
+}
+
+// nearShare tells whether a share (percent) is within tolerance of want.
+func nearShare(got, want float64) bool { return got >= want-tolerance && got <= want+tolerance }
 
 // returnPath makes each node send the replies of its pods to a client
 // outside the cluster back through the node that forwarded the request (see
