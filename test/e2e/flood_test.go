@@ -57,6 +57,17 @@ func testFlood(t *testing.T, protocol string) {
 	}
 	start(t, filepath.Join(bin, "l4xds-agent"), args...)
 	dbg := filepath.Join(bin, "l4xds-dbg")
+	// Registered after start: runs while the agent still answers.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		t.Logf("the server sent %d responses; the last request it received: %s", srv.sent.Load(), srv.lastRequestSeen())
+		for _, args := range [][]string{{"xds", "status"}, {"status"}} {
+			r := runDbg(t, dbg, append([]string{"--socket", socket}, args...)...)
+			t.Logf("l4xds-dbg %s:\n%s%s", strings.Join(args, " "), r.stdout, r.stderr)
+		}
+	})
 	shows(t, dbg, socket, []string{"statedb", "frontends"}, "10.0.0.1:80/TCP", "10.0.0.50:80/TCP")
 
 	// Before the flood, for comparison; then during it: status answers,
@@ -67,6 +78,7 @@ func testFlood(t *testing.T, protocol string) {
 	took := statusRuns(t, dbg, socket, "during the flood")
 	// A cluster added during the flood is applied (and written).
 	srv.late.Store(true)
+	late := time.Now()
 	want := []string{"10.0.1.1:80/TCP"}
 	if os.Geteuid() == 0 {
 		eventually(t, dbg, socket, []string{"statedb", "frontends"}, "10.0.1.1:80/TCP written", func(out string) bool {
@@ -80,12 +92,13 @@ func testFlood(t *testing.T, protocol string) {
 		want = append(want, "10.0.1.1:80/TCP")
 	}
 	shows(t, dbg, socket, []string{"statedb", "frontends"}, want...)
+	lateTook := time.Since(late)
 	sent, elapsed := srv.sent.Load()-before, time.Since(flooding)
 	if sent == 0 {
 		t.Fatal("the server sent nothing while status ran: no flood")
 	}
-	fmt.Printf("BENCH xds-flood protocol=%s responses_per_s=%.0f status_runs=%d status_p50_ms=%.1f status_max_ms=%.1f calm_p50_ms=%.1f calm_max_ms=%.1f\n",
-		protocol, float64(sent)/elapsed.Seconds(), len(took), ms(took[len(took)/2]), ms(took[len(took)-1]), ms(calm[len(calm)/2]), ms(calm[len(calm)-1]))
+	fmt.Printf("BENCH xds-flood protocol=%s responses_per_s=%.0f late_applied_ms=%.0f status_runs=%d status_p50_ms=%.1f status_max_ms=%.1f calm_p50_ms=%.1f calm_max_ms=%.1f\n",
+		protocol, float64(sent)/elapsed.Seconds(), ms(lateTook), len(took), ms(took[len(took)/2]), ms(took[len(took)-1]), ms(calm[len(calm)/2]), ms(calm[len(calm)-1]))
 }
 
 // statusRuns runs l4xds-dbg status 20 times, each of which must answer,
@@ -119,6 +132,8 @@ type floodServer struct {
 	sent     atomic.Int64
 	late     atomic.Bool
 	flooding atomic.Bool
+	// lastRequest describes the last request received, for a failure.
+	lastRequest atomic.Pointer[string]
 	// stable are the encoded clusters 2..n, which never change.
 	stable []*anypb.Any
 }
@@ -191,8 +206,18 @@ func (s *floodServer) StreamAggregatedResources(stream discoveryv3.AggregatedDis
 	}
 	return s.flood(stream.Context(), send, func() (bool, error) {
 		req, err := stream.Recv()
+		s.noteRequest(fmt.Sprintf("version %q nonce %q error %v", req.GetVersionInfo(), req.GetResponseNonce(), req.GetErrorDetail()))
 		return req.GetTypeUrl() == clusterTypeURL, err
 	})
+}
+
+func (s *floodServer) noteRequest(d string) { s.lastRequest.Store(&d) }
+
+func (s *floodServer) lastRequestSeen() string {
+	if d := s.lastRequest.Load(); d != nil {
+		return *d
+	}
+	return "none"
 }
 
 func (s *floodServer) DeltaAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
@@ -213,6 +238,7 @@ func (s *floodServer) DeltaAggregatedResources(stream discoveryv3.AggregatedDisc
 	}
 	return s.flood(stream.Context(), send, func() (bool, error) {
 		req, err := stream.Recv()
+		s.noteRequest(fmt.Sprintf("nonce %q error %v", req.GetResponseNonce(), req.GetErrorDetail()))
 		return req.GetTypeUrl() == clusterTypeURL, err
 	})
 }
