@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -33,7 +35,9 @@ const isolatedEnv = "L4XDS_TEST_ISOLATED"
 //     IPv4 settings);
 //   - its mount namespace is private, with its own /proc (of the new PID
 //     namespace) and /run/netns (the namespaces tests name with ip netns
-//     add), and the bpffs tests mount.
+//     add), and the bpffs tests mount: none of the host's, which may be
+//     another test's that goes at any moment (Cilium's code outside its
+//     agent pins where the first bpffs it finds is).
 func Main(m *testing.M) {
 	switch {
 	case os.Geteuid() != 0, fuzzWorker():
@@ -115,6 +119,9 @@ func setUpIsolated() error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
+	if err := detachBPFFS(); err != nil {
+		return err
+	}
 	// The PID namespace's own /proc: ip netns pids, /proc/self and the
 	// pids the tests kill mean the same processes. /proc/sys/net is this
 	// network namespace's.
@@ -135,3 +142,45 @@ func setUpIsolated() error {
 
 // runDir is where ip netns add names namespaces.
 const runDir = "/run/netns"
+
+// detachBPFFS unmounts, in this private mount namespace, every bpffs it
+// inherited from the host.
+func detachBPFFS() error {
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var points []string
+	for line := range strings.Lines(string(info)) {
+		// ID parent major:minor root mount-point options [optional...] - fstype source super-options
+		fields := strings.Fields(line)
+		sep := slices.Index(fields, "-")
+		if sep < 5 || sep+1 >= len(fields) || fields[sep+1] != "bpf" {
+			continue
+		}
+		points = append(points, unescapeMountPoint(fields[4]))
+	}
+	// The last mounted first: one may be mounted over another.
+	for _, p := range slices.Backward(points) {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("unmount the host's bpffs %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// unescapeMountPoint undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPoint(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

@@ -6,7 +6,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -47,6 +49,51 @@ func TestPrivilegedTestsRunInANamespaceOfTheirOwn(t *testing.T) {
 	if os.Getpid() != 1 {
 		t.Errorf("pid %d: want 1, the init of a PID namespace of the tests' own", os.Getpid())
 	}
+	// No bpffs of the host's (or of another test's, mounted there).
+	if m := bpfMounts(t); len(m) != 0 {
+		t.Errorf("bpffs mounts %q: want none of the host's", m)
+	}
+}
+
+// detachBPFFS leaves no bpffs mounted, two on one point included.
+func TestPrivilegedDetachBPFFS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts")
+	}
+	dir := filepath.Join(t.TempDir(), "a b")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := syscall.Mount("bpf", dir, "bpf", 0, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := bpfMounts(t); len(m) != 2 || m[0] != dir {
+		t.Fatalf("bpffs mounts %q: want %s twice", m, dir)
+	}
+	if err := detachBPFFS(); err != nil {
+		t.Fatal(err)
+	}
+	if m := bpfMounts(t); len(m) != 0 {
+		t.Errorf("bpffs mounts %q after detachBPFFS: want none", m)
+	}
+}
+
+// bpfMounts are the mount points of the bpffs mounts this process sees.
+func bpfMounts(t *testing.T) []string {
+	t.Helper()
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var points []string
+	for line := range strings.Lines(string(info)) {
+		if before, after, ok := strings.Cut(line, " - "); ok && strings.HasPrefix(after, "bpf ") {
+			points = append(points, unescapeMountPoint(strings.Fields(before)[4]))
+		}
+	}
+	return points
 }
 
 // Add's namespace has the settings asked for, and Do runs on a thread in it.
