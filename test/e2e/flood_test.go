@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,8 +28,8 @@ import (
 
 const clusterTypeURL = "type.googleapis.com/" + clusterType
 
-// A server that floods the agent, answering every ACK with a new response
-// and pushing more besides, does not starve the agent: l4xds-dbg status
+// A server that floods the agent, pushing responses as fast as the stream
+// takes them, does not starve the agent: l4xds-dbg status
 // answers throughout, and a cluster added during the flood reaches the
 // tables (and, as root, is written into the BPF maps by the reconciler).
 // How fast status answers is printed, not asserted.
@@ -72,10 +71,12 @@ func testFlood(t *testing.T, protocol string) {
 
 	// Before the flood, for comparison; then during it: status answers,
 	// again and again.
-	calm := statusRuns(t, dbg, socket, "before the flood")
+	calm := statusRuns(t, dbg, socket, "before the flood", 0)
 	before, flooding := srv.sent.Load(), time.Now()
 	srv.flooding.Store(true)
-	took := statusRuns(t, dbg, socket, "during the flood")
+	// Ten seconds at least: long enough for a stream whose requests or
+	// responses stop being read to fill gRPC's windows and stall.
+	took := statusRuns(t, dbg, socket, "during the flood", 10*time.Second)
 	// A cluster added during the flood is applied (and written).
 	srv.late.Store(true)
 	late := time.Now()
@@ -101,12 +102,12 @@ func testFlood(t *testing.T, protocol string) {
 		protocol, float64(sent)/elapsed.Seconds(), ms(lateTook), len(took), ms(took[len(took)/2]), ms(took[len(took)-1]), ms(calm[len(calm)/2]), ms(calm[len(calm)-1]))
 }
 
-// statusRuns runs l4xds-dbg status 20 times, each of which must answer,
-// and returns how long each took, sorted.
-func statusRuns(t *testing.T, dbg, socket, when string) []time.Duration {
+// statusRuns runs l4xds-dbg status 20 times at least, and for least at
+// least, each run answering, and returns how long each took, sorted.
+func statusRuns(t *testing.T, dbg, socket, when string, least time.Duration) []time.Duration {
 	t.Helper()
 	var took []time.Duration
-	for range 20 {
+	for end := time.Now().Add(least); len(took) < 20 || time.Now().Before(end); {
 		begin := time.Now()
 		r := runDbg(t, dbg, "--socket", socket, "status")
 		took = append(took, time.Since(begin))
@@ -120,10 +121,10 @@ func statusRuns(t *testing.T, dbg, socket, when string) []time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// floodServer is a hostile ADS server: once flooding, it answers every
-// request with a new version of n clusters (the first one's weight changes
-// each time) and pushes further versions as fast as the stream takes them.
-// Until then it answers the first request of a stream only.
+// floodServer is a hostile ADS server: once flooding, it pushes a new
+// version of n clusters (the first one's weight changes each time) as fast
+// as the stream takes them. Until then it answers the first request of a
+// stream only.
 type floodServer struct {
 	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
 	addr string
@@ -197,10 +198,7 @@ func (s *floodServer) next() (version int64, rs []*anypb.Any) {
 }
 
 func (s *floodServer) StreamAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	var mu sync.Mutex
 	send := func() error {
-		mu.Lock()
-		defer mu.Unlock()
 		v, rs := s.next()
 		return stream.Send(&discoveryv3.DiscoveryResponse{TypeUrl: clusterTypeURL, VersionInfo: fmt.Sprint(v), Nonce: fmt.Sprint(v), Resources: rs})
 	}
@@ -221,10 +219,7 @@ func (s *floodServer) lastRequestSeen() string {
 }
 
 func (s *floodServer) DeltaAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
-	var mu sync.Mutex
 	send := func() error {
-		mu.Lock()
-		defer mu.Unlock()
 		v, rs := s.next()
 		resp := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: clusterTypeURL, SystemVersionInfo: fmt.Sprint(v), Nonce: fmt.Sprint(v)}
 		for i, a := range rs {
@@ -243,33 +238,41 @@ func (s *floodServer) DeltaAggregatedResources(stream discoveryv3.AggregatedDisc
 	})
 }
 
-// flood answers every request of the cluster type with a response, and
-// pushes responses besides, until the stream ends.
+// flood answers the first request of the cluster type and, once flooding,
+// pushes responses as fast as the stream takes them, until it ends. The
+// requests are read all along, apart from the sending: a server that read
+// no request while a send waited for the agent would deadlock with it once
+// the agent's ACKs filled the stream's window (gRPC's flow control), and
+// the agent would be blamed for a stall of the server's making.
 func (s *floodServer) flood(ctx context.Context, send func() error, recv func() (bool, error)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	first := make(chan struct{}, 1)
 	go func() {
+		defer cancel()
 		for ctx.Err() == nil {
 			if !s.flooding.Load() {
-				time.Sleep(10 * time.Millisecond)
-				continue
+				select {
+				case <-first:
+				case <-ctx.Done():
+					return
+				case <-time.After(10 * time.Millisecond):
+					continue
+				}
 			}
 			if err := send(); err != nil {
-				cancel()
 				return
 			}
 		}
 	}()
-	for first := true; ; {
+	for answered := false; ; {
 		isCluster, err := recv()
 		if err != nil {
 			return err
 		}
-		if isCluster && (first || s.flooding.Load()) {
-			first = false
-			if err := send(); err != nil {
-				return err
-			}
+		if isCluster && !answered {
+			answered = true
+			first <- struct{}{}
 		}
 	}
 }
