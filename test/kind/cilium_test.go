@@ -379,6 +379,12 @@ func (c *cluster) ciliumDumpOnFailure(t *testing.T) {
 			out, _ := c.run("kubectl", args...)
 			t.Logf("kubectl %s\n%s", strings.Join(args, " "), out)
 		}
+		// The host's conntrack and TCP counters: a flow lost between the
+		// client's container and a node (Docker's bridge) counts there.
+		for _, f := range []string{"/proc/net/stat/nf_conntrack", "/proc/net/netstat"} {
+			b, _ := os.ReadFile(f)
+			t.Logf("the host's %s\n%s", f, b)
+		}
 		// The datapath's drop and forward counters by reason, per node:
 		// where lost flows went.
 		for nodeName, pod := range c.ciliumPods(t) {
