@@ -5,6 +5,7 @@ package xds
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/cilium/statedb"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // gRFC A53 over Delta: a resource whose deletion was ignored and that the
@@ -313,4 +315,63 @@ func TestDeltaReconnectToTheFallbackKeepsWhatItLacks(t *testing.T) {
 	if r := rc.resource(EndpointType, "x"); r.State != StateAcked || rc.eps.state()["x"] != "p1" {
 		t.Errorf("x after a reconnect to B = %+v, consumer %q; want still acked and held, as on the first stream to B", r, rc.eps.state()["x"])
 	}
+}
+
+// deafADS answers the first request of a stream, then pushes a new version
+// of cluster "a" as fast as the stream takes them and reads nothing more.
+type deafADS struct {
+	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+}
+
+func (deafADS) StreamAggregatedResources(s discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	if _, err := s.Recv(); err != nil {
+		return err
+	}
+	for v := 1; ; v++ {
+		a, err := anypb.New(cluster("a", fmt.Sprint(v)))
+		if err != nil {
+			return err
+		}
+		if err := s.Send(&discoveryv3.DiscoveryResponse{TypeUrl: ClusterType, VersionInfo: fmt.Sprint(v), Nonce: fmt.Sprint(v), Resources: []*anypb.Any{a}}); err != nil {
+			return err
+		}
+	}
+}
+
+func (deafADS) DeltaAggregatedResources(s discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	if _, err := s.Recv(); err != nil {
+		return err
+	}
+	for v := 1; ; v++ {
+		a, err := anypb.New(cluster("a", fmt.Sprint(v)))
+		if err != nil {
+			return err
+		}
+		if err := s.Send(&discoveryv3.DeltaDiscoveryResponse{TypeUrl: ClusterType, Nonce: fmt.Sprint(v),
+			Resources: []*discoveryv3.Resource{{Name: "a", Version: fmt.Sprint(v), Resource: a}}}); err != nil {
+			return err
+		}
+	}
+}
+
+// A server that stops reading requests while it sends: once the client's
+// ACKs fill the stream's window its send waits, and so does all else the
+// run loop does. The watchdog says so, naming the send and the server.
+func TestServerThatReadsNoRequestsIsReported(t *testing.T) {
+	forEachProtocol(t, func(t *testing.T, protocol string) {
+		g := grpc.NewServer()
+		discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, deafADS{})
+		lis := listen(t, "127.0.0.1:0")
+		go g.Serve(lis)
+		t.Cleanup(g.Stop)
+		health := &healthLog{}
+		startClient(t, testConfig(lis.Addr().String(), "", protocol), func(tc *testClient) {
+			tc.health = health
+			tc.stallAfter = 200 * time.Millisecond
+		})
+		want := "sending a Cluster request to " + lis.Addr().String()
+		waitFor(t, "the blocked send reported in health", func() bool {
+			return strings.HasPrefix(health.last(), "Degraded: xDS client stuck for ") && strings.Contains(health.last(), want)
+		})
+	})
 }

@@ -869,6 +869,11 @@ func (c *Client) sendRequest(st adsStream, ts *typeState, ack bool, errorDetail 
 			req.version = ts.version
 		}
 	}
+	if c.current != nil {
+		// A send waits while the server reads no requests (gRPC's flow
+		// control): the watchdog then names it.
+		c.busy("sending a " + ShortTypeName(ts.url) + " request to " + c.current.address)
+	}
 	if err := st.send(req); err != nil {
 		return err
 	}
