@@ -89,7 +89,8 @@ CHART_TEST := install/kubernetes/test
 # vetted by lint only: its vet analyses all of Cilium).
 #
 # The chaos schedules against a real API server need the kube-apiserver and
-# etcd the kind tier builds: they run after it.
+# etcd the kind tier builds: they run after it. Last, the longest tier:
+# Cilium with our cell as the CNI of a kind cluster (test-kind-cilium).
 KUBE_CHAOS := TestChaosKubernetesSchedules
 test: build
 	$(GO) vet $(PKGS)
@@ -100,6 +101,7 @@ test: build
 	./test/kind/run.sh
 	L4XDS_BIN=$(CURDIR)/$(BIN) $(GO) test -vet=off -count=1 -timeout 10m -run '^$(KUBE_CHAOS)$$' ./test/chaos
 	$(MAKE) test-control-plane
+	./test/kind/cilium/run.sh
 
 # The control plane's module: its unit tests, and the Kubernetes source
 # against a real kube-apiserver and etcd, the binaries the kind harness
