@@ -259,17 +259,13 @@ func (silentADS) DeltaAggregatedResources(s discoveryv3.AggregatedDiscoveryServi
 // No attempt may hang on the dead stream the timer cancelled.
 func TestAttemptOnASilentServerAlwaysEnds(t *testing.T) {
 	forEachProtocol(t, func(t *testing.T, protocol string) {
-		g := grpc.NewServer()
-		discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, silentADS{})
-		lis := listen(t, "127.0.0.1:0")
-		go g.Serve(lis)
-		t.Cleanup(g.Stop)
-		cfg := testConfig(lis.Addr().String(), "", protocol)
+		addr := serveADS(t, silentADS{})
+		cfg := testConfig(addr, "", protocol)
 		cfg.XDSConnectTimeout = 100 * time.Millisecond
 		tc := startClient(t, cfg)
 		t.Cleanup(func() {
 			if t.Failed() {
-				t.Logf("attempts %d; server %+v; status %+v", tc.Attempts(), tc.serverRow(lis.Addr().String()), tc.typeStatus(ClusterType))
+				t.Logf("attempts %d; server %+v; status %+v", tc.Attempts(), tc.serverRow(addr), tc.typeStatus(ClusterType))
 			}
 		})
 		// Each attempt that hangs on the stream the timer cancelled has
@@ -278,7 +274,7 @@ func TestAttemptOnASilentServerAlwaysEnds(t *testing.T) {
 			return tc.Attempts() >= 8
 		})
 		// Every attempt but the one under way failed.
-		if s := tc.serverRow(lis.Addr().String()); s.Failures+1 < s.Attempts {
+		if s := tc.serverRow(addr); s.Failures+1 < s.Attempts {
 			t.Errorf("the silent server's row = %+v, want every attempt but the last failed", s)
 		}
 	})
@@ -324,22 +320,22 @@ type deafADS struct {
 }
 
 func (deafADS) StreamAggregatedResources(s discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	if _, err := s.Recv(); err != nil {
-		return err
-	}
-	for v := 1; ; v++ {
-		a, err := anypb.New(cluster("a", fmt.Sprint(v)))
-		if err != nil {
-			return err
-		}
-		if err := s.Send(&discoveryv3.DiscoveryResponse{TypeUrl: ClusterType, VersionInfo: fmt.Sprint(v), Nonce: fmt.Sprint(v), Resources: []*anypb.Any{a}}); err != nil {
-			return err
-		}
-	}
+	return deaf(func() error { _, err := s.Recv(); return err }, func(v string, a *anypb.Any) error {
+		return s.Send(&discoveryv3.DiscoveryResponse{TypeUrl: ClusterType, VersionInfo: v, Nonce: v, Resources: []*anypb.Any{a}})
+	})
 }
 
 func (deafADS) DeltaAggregatedResources(s discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
-	if _, err := s.Recv(); err != nil {
+	return deaf(func() error { _, err := s.Recv(); return err }, func(v string, a *anypb.Any) error {
+		return s.Send(&discoveryv3.DeltaDiscoveryResponse{TypeUrl: ClusterType, Nonce: v,
+			Resources: []*discoveryv3.Resource{{Name: "a", Version: v, Resource: a}}})
+	})
+}
+
+// deaf receives one request, then sends version after version of cluster
+// "a" until a send fails.
+func deaf(recv func() error, send func(version string, a *anypb.Any) error) error {
+	if err := recv(); err != nil {
 		return err
 	}
 	for v := 1; ; v++ {
@@ -347,8 +343,7 @@ func (deafADS) DeltaAggregatedResources(s discoveryv3.AggregatedDiscoveryService
 		if err != nil {
 			return err
 		}
-		if err := s.Send(&discoveryv3.DeltaDiscoveryResponse{TypeUrl: ClusterType, Nonce: fmt.Sprint(v),
-			Resources: []*discoveryv3.Resource{{Name: "a", Version: fmt.Sprint(v), Resource: a}}}); err != nil {
+		if err := send(fmt.Sprint(v), a); err != nil {
 			return err
 		}
 	}
@@ -359,19 +354,26 @@ func (deafADS) DeltaAggregatedResources(s discoveryv3.AggregatedDiscoveryService
 // run loop does. The watchdog says so, naming the send and the server.
 func TestServerThatReadsNoRequestsIsReported(t *testing.T) {
 	forEachProtocol(t, func(t *testing.T, protocol string) {
-		g := grpc.NewServer()
-		discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, deafADS{})
-		lis := listen(t, "127.0.0.1:0")
-		go g.Serve(lis)
-		t.Cleanup(g.Stop)
+		addr := serveADS(t, deafADS{})
 		health := &healthLog{}
-		startClient(t, testConfig(lis.Addr().String(), "", protocol), func(tc *testClient) {
+		startClient(t, testConfig(addr, "", protocol), func(tc *testClient) {
 			tc.health = health
 			tc.stallAfter = 200 * time.Millisecond
 		})
-		want := "sending a Cluster request to " + lis.Addr().String()
+		want := "sending a Cluster request to " + addr
 		waitFor(t, "the blocked send reported in health", func() bool {
 			return strings.HasPrefix(health.last(), "Degraded: xDS client stuck for ") && strings.Contains(health.last(), want)
 		})
 	})
+}
+
+// serveADS serves srv, without TLS, until the test ends; it returns the
+// address.
+func serveADS(t *testing.T, srv discoveryv3.AggregatedDiscoveryServiceServer) string {
+	g := grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	lis := listen(t, "127.0.0.1:0")
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
 }
