@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -146,19 +145,9 @@ const runDir = "/run/netns"
 // detachBPFFS unmounts, in this private mount namespace, every bpffs it
 // inherited from the host.
 func detachBPFFS() error {
-	info, err := os.ReadFile("/proc/self/mountinfo")
+	points, err := Mounts("bpf", "")
 	if err != nil {
 		return err
-	}
-	var points []string
-	for line := range strings.Lines(string(info)) {
-		// ID parent major:minor root mount-point options [optional...] - fstype source super-options
-		fields := strings.Fields(line)
-		sep := slices.Index(fields, "-")
-		if sep < 5 || sep+1 >= len(fields) || fields[sep+1] != "bpf" {
-			continue
-		}
-		points = append(points, unescapeMountPoint(fields[4]))
 	}
 	// The last mounted first: one may be mounted over another.
 	for _, p := range slices.Backward(points) {
@@ -167,20 +156,4 @@ func detachBPFFS() error {
 		}
 	}
 	return nil
-}
-
-// unescapeMountPoint undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPoint(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

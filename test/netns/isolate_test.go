@@ -83,15 +83,9 @@ func TestPrivilegedDetachBPFFS(t *testing.T) {
 // bpfMounts are the mount points of the bpffs mounts this process sees.
 func bpfMounts(t *testing.T) []string {
 	t.Helper()
-	info, err := os.ReadFile("/proc/self/mountinfo")
+	points, err := Mounts("bpf", "")
 	if err != nil {
 		t.Fatal(err)
-	}
-	var points []string
-	for line := range strings.Lines(string(info)) {
-		if before, after, ok := strings.Cut(line, " - "); ok && strings.HasPrefix(after, "bpf ") {
-			points = append(points, unescapeMountPoint(strings.Fields(before)[4]))
-		}
 	}
 	return points
 }

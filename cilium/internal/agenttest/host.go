@@ -3,7 +3,6 @@
 package agenttest
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,6 +14,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/l4xds/l4xds/test/netns"
 )
 
 // hostSysctls are the host-wide settings the agent would change if it
@@ -46,7 +47,7 @@ func readHostState() (hostState, error) {
 		}
 		h.sysctls[k] = strings.TrimSpace(string(b))
 	}
-	cg2, err := mountsOfType("cgroup2", "")
+	cg2, err := netns.Mounts("cgroup2", "")
 	if err != nil {
 		return h, err
 	}
@@ -74,7 +75,7 @@ func (h hostState) check(e *Env) error {
 			errs = append(errs, fmt.Errorf("sysctl %s is %s, was %s", strings.ReplaceAll(k, "/", "."), now, v))
 		}
 	}
-	if m, err := mountsOfType("", e.dir); err != nil {
+	if m, err := netns.Mounts("", e.dir); err != nil {
 		errs = append(errs, err)
 	} else if len(m) > 0 {
 		errs = append(errs, fmt.Errorf("still mounted: %q", m))
@@ -98,36 +99,6 @@ func (h hostState) check(e *Env) error {
 	}
 	e.mu.Unlock()
 	return errors.Join(errs...)
-}
-
-// mountsOfType lists the mount points in the test's mount namespace of
-// file systems of type fstype ("" for any) at or under dir ("" for
-// anywhere).
-func mountsOfType(fstype, dir string) ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var mounts []string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		// ID parent major:minor root mountpoint options [optional...] - fstype source super
-		fields := strings.Fields(s.Text())
-		sep := slices.Index(fields, "-")
-		if sep < 5 || sep+1 >= len(fields) {
-			continue
-		}
-		point := fields[4]
-		if fstype != "" && fields[sep+1] != fstype {
-			continue
-		}
-		if dir != "" && point != dir && !strings.HasPrefix(point, dir+"/") {
-			continue
-		}
-		mounts = append(mounts, point)
-	}
-	return mounts, s.Err()
 }
 
 // cgroupPrograms is `bpftool cgroup show DIR`: the programs attached to
