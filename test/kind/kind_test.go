@@ -397,7 +397,7 @@ func checkSplitRefused(t *testing.T, what string, r probeResult, want map[string
 		for _, k := range refusedKinds {
 			n += r.Errors[k]
 		}
-		got := 100 * float64(n) / float64(r.Flows)
+		got := r.percent(n)
 		shares = append(shares, fmt.Sprintf("refused %d (%.1f%%, want %.0f%%)", n, got, refused))
 		if !nearShare(got, refused) {
 			t.Errorf("%s: %.1f%% of the flows refused, want %.0f±%.0f", what, got, refused, tolerance)
@@ -566,9 +566,10 @@ func withinTolerance(r probeResult, want map[string]float64) bool {
 }
 
 // share is the percentage of r's flows that backend name answered.
-func (r probeResult) share(name string) float64 {
-	return 100 * float64(r.Backends[name]) / float64(r.Flows)
-}
+func (r probeResult) share(name string) float64 { return r.percent(r.Backends[name]) }
+
+// percent is n as a percentage of r's flows.
+func (r probeResult) percent(n int) float64 { return 100 * float64(n) / float64(r.Flows) }
 
 // nearShare tells whether a share (percent) is within tolerance of want.
 func nearShare(got, want float64) bool { return got >= want-tolerance && got <= want+tolerance }

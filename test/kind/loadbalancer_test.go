@@ -270,14 +270,8 @@ func byDeployment(r probeResult) probeResult {
 // splitWithin reports whether r is the split wanted: what
 // checkSplitRefused asserts.
 func splitWithin(r probeResult, want map[string]float64, refused float64) bool {
-	within := func(n int, pct float64) bool {
-		got := 100 * float64(n) / float64(r.Flows)
-		return got >= pct-tolerance && got <= pct+tolerance
-	}
-	for name, pct := range want {
-		if !within(r.Backends[name], pct) {
-			return false
-		}
+	if !withinTolerance(r, want) {
+		return false
 	}
 	n := 0
 	for _, k := range refusedKinds {
@@ -289,7 +283,7 @@ func splitWithin(r probeResult, want map[string]float64, refused float64) bool {
 	if refused == 0 {
 		return n == 0
 	}
-	return within(n, refused)
+	return nearShare(r.percent(n), refused)
 }
 
 // status is an object's status, as indented JSON for the log.
