@@ -418,6 +418,7 @@ func checkSplitRefused(t *testing.T, what string, r probeResult, want map[string
 // counts the flows and the failures: the load during a fault.
 type traffic struct {
 	stop  chan struct{}
+	once  sync.Once // closes stop
 	done  chan struct{}
 	mu    sync.Mutex
 	flows int
@@ -439,6 +440,10 @@ func (c *cluster) startTrafficTo(t *testing.T, targets []target, via ...node) *t
 		via = c.nodes
 	}
 	tr := &traffic{stop: make(chan struct{}), done: make(chan struct{}), fails: map[string]int{}, names: map[string]int{}}
+	// A test that stops before expectNoFailures (t.Fatal) stops its
+	// traffic too: left running, it would switch the client's routes and
+	// probe the VIPs under the next subtests' checks.
+	t.Cleanup(tr.halt)
 	go func() {
 		defer close(tr.done)
 		for i := 0; ; i++ {
@@ -496,11 +501,16 @@ func (tr *traffic) add(r *probeResult, err error) {
 	}
 }
 
+// halt stops the traffic and waits for its last batch; once or more.
+func (tr *traffic) halt() {
+	tr.once.Do(func() { close(tr.stop) })
+	<-tr.done
+}
+
 // end stops the traffic and returns the flows, the failures and the
 // backends that answered.
 func (tr *traffic) end() (flows, failed int, fails, names map[string]int, errs []error) {
-	close(tr.stop)
-	<-tr.done
+	tr.halt()
 	for _, k := range tr.fails {
 		failed += k
 	}
