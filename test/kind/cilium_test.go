@@ -378,7 +378,7 @@ func (c *cluster) ciliumDumpOnFailure(t *testing.T) {
 			{"-n", ciliumNS, "logs", "-l", "app=" + ciliumCPName, "--tail", "30", "--prefix"},
 			{"-n", ciliumNS, "get", "events", "--sort-by", ".lastTimestamp"},
 		} {
-			out, _ := c.run("kubectl", args...)
+			out, _ := c.runFor(dumpTimeout, "kubectl", args...)
 			t.Logf("kubectl %s\n%s", strings.Join(args, " "), out)
 		}
 		// The host's conntrack and TCP counters: a flow lost between the
@@ -390,7 +390,7 @@ func (c *cluster) ciliumDumpOnFailure(t *testing.T) {
 		// The datapath's drop and forward counters by reason, per node:
 		// where lost flows went.
 		for nodeName, pod := range c.ciliumPods(t) {
-			out, _ := c.run("kubectl", "-n", ciliumNS, "exec", pod, "-c", "cilium-agent", "--", "cilium-dbg", "bpf", "metrics", "list")
+			out, _ := c.runFor(dumpTimeout, "kubectl", "-n", ciliumNS, "exec", pod, "-c", "cilium-agent", "--", "cilium-dbg", "bpf", "metrics", "list")
 			t.Logf("cilium-dbg bpf metrics list on %s\n%s", nodeName, out)
 		}
 	})

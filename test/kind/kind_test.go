@@ -9,6 +9,7 @@ package kind
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -116,9 +117,30 @@ func setup(t *testing.T) *cluster {
 }
 
 // run runs a command and returns its combined output.
+// commandTimeout bounds every command of the tests: longer than any of
+// them waits on purpose (helm upgrade --timeout 10m), so that a kubectl
+// exec or docker exec that hangs fails its test with its command line
+// instead of ending in go test's -timeout panic, which runs no failure dump.
+const commandTimeout = 12 * time.Minute
+
+// dumpTimeout bounds each command of a failure dump: a wedged cluster must
+// not hold the run.
+const dumpTimeout = time.Minute
+
 func (c *cluster) run(name string, args ...string) (string, error) {
-	cmd := exec.Command(name, args...)
+	return c.runFor(commandTimeout, name, args...)
+}
+
+// runFor is run killed after d.
+func (c *cluster) runFor(d time.Duration, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("no answer after %v: %w", d, err)
+	}
 	if err != nil {
 		return string(out), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
 	}
