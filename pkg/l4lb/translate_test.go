@@ -767,6 +767,18 @@ endpoints:
 				"backend 192.168.1.12:5433 weight=1 active zone=zone-a node=node-c\n",
 		},
 		{
+			name: "endpoint metadata: an empty zone is the locality's",
+			cla: `
+cluster_name: db
+endpoints:
+- locality: {zone: zone-a}
+  lb_endpoints:
+  - endpoint: {address: {socket_address: {address: 192.168.1.10, port_value: 5432}}}
+    metadata: {filter_metadata: {io.cilium.l4lb: {zone: "", nodeName: ""}}}
+`,
+			want: "backend 192.168.1.10:5432 weight=1 active zone=zone-a\n",
+		},
+		{
 			name:    "endpoint metadata: unknown key",
 			cla:     cla(ep("10.0.0.1", 80, ""), ep("10.0.0.2", 80, "metadata: {filter_metadata: {io.cilium.l4lb: {node: n1}}}")),
 			wantErr: path + `.metadata.filter_metadata.io.cilium.l4lb.node: unknown key (known: zone, nodeName)`,

@@ -88,8 +88,8 @@ func TestKindCilium(t *testing.T) {
 		c.apply(t, fmt.Sprintf(clusterIPYAML, testNS))
 		var svc struct{ Spec struct{ ClusterIP string } }
 		c.kubectlJSON(t, &svc, "-n", testNS, "get", "service", "backend", "-o", "json")
-		r := c.eventuallyPodProbe(t, svc.Spec.ClusterIP+":3306", "tcp")
-		checkSplit(t, "ClusterIP "+svc.Spec.ClusterIP, r, map[string]float64{b[0].name: 50, b[1].name: 50})
+		measureSplit(t, "ClusterIP "+svc.Spec.ClusterIP, c.podSplit(t, svc.Spec.ClusterIP+":3306", "tcp"),
+			map[string]float64{b[0].name: 50, b[1].name: 50})
 		// And the xDS VIPs still serve, from outside and from the pod.
 		c.checkTraffic(t, "beside the ClusterIP Service", b)
 		c.checkEastWest(t, "beside the ClusterIP Service", b)
@@ -350,19 +350,21 @@ func (c *cluster) eventuallyPodProbe(t *testing.T, vip, proto string) probeResul
 func (c *cluster) checkEastWest(t *testing.T, what string, b []backend) {
 	t.Helper()
 	even := map[string]float64{b[0].name: 50, b[1].name: 50}
-	r := c.eventuallyPodProbe(t, tcpVIP, "tcp")
-	checkSplit(t, "east-west tcp from a pod, "+what, r, even)
-	r = c.eventuallyPodProbe(t, udpVIP, "udp")
-	checkSplit(t, "east-west udp from a pod (Maglev per packet), "+what, r, map[string]float64{b[0].name: 70, b[1].name: 30})
+	measureSplit(t, "east-west tcp from a pod, "+what, c.podSplit(t, tcpVIP, "tcp"), even)
+	measureSplit(t, "east-west udp from a pod (Maglev per packet), "+what, c.podSplit(t, udpVIP, "udp"),
+		map[string]float64{b[0].name: 70, b[1].name: 30})
 	for _, n := range c.nodes {
 		for _, p := range []struct{ vip, proto string }{{tcpVIP, "tcp"}, {udpVIP, "udp"}} {
-			r, err := c.nodeProbe(n, p.vip, p.proto, flows)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkSplit(t, fmt.Sprintf("east-west %s from %s's network namespace (socket-LB, uniform), %s", p.proto, n.name, what), r, even)
+			measureSplit(t, fmt.Sprintf("east-west %s from %s's network namespace (socket-LB, uniform), %s", p.proto, n.name, what),
+				func() (probeResult, error) { return c.nodeProbe(n, p.vip, p.proto, flows) }, even)
 		}
 	}
+}
+
+// podSplit is a probe for measureSplit: flows new flows from the pod to
+// vip, once it answers.
+func (c *cluster) podSplit(t *testing.T, vip, proto string) func() (probeResult, error) {
+	return func() (probeResult, error) { return c.eventuallyPodProbe(t, vip, proto), nil }
 }
 
 func (c *cluster) ciliumDumpOnFailure(t *testing.T) {
@@ -376,7 +378,7 @@ func (c *cluster) ciliumDumpOnFailure(t *testing.T) {
 			{"-n", ciliumNS, "logs", "-l", "app=" + ciliumCPName, "--tail", "30", "--prefix"},
 			{"-n", ciliumNS, "get", "events", "--sort-by", ".lastTimestamp"},
 		} {
-			out, _ := c.run("kubectl", args...)
+			out, _ := c.runFor(dumpTimeout, "kubectl", args...)
 			t.Logf("kubectl %s\n%s", strings.Join(args, " "), out)
 		}
 		// The host's conntrack and TCP counters: a flow lost between the
@@ -388,7 +390,7 @@ func (c *cluster) ciliumDumpOnFailure(t *testing.T) {
 		// The datapath's drop and forward counters by reason, per node:
 		// where lost flows went.
 		for nodeName, pod := range c.ciliumPods(t) {
-			out, _ := c.run("kubectl", "-n", ciliumNS, "exec", pod, "-c", "cilium-agent", "--", "cilium-dbg", "bpf", "metrics", "list")
+			out, _ := c.runFor(dumpTimeout, "kubectl", "-n", ciliumNS, "exec", pod, "-c", "cilium-agent", "--", "cilium-dbg", "bpf", "metrics", "list")
 			t.Logf("cilium-dbg bpf metrics list on %s\n%s", nodeName, out)
 		}
 	})
