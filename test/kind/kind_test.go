@@ -116,7 +116,6 @@ func setup(t *testing.T) *cluster {
 	return c
 }
 
-// run runs a command and returns its combined output.
 // commandTimeout bounds every command of the tests: longer than any of
 // them waits on purpose (helm upgrade --timeout 10m), so that a kubectl
 // exec or docker exec that hangs fails its test with its command line
@@ -127,6 +126,7 @@ const commandTimeout = 12 * time.Minute
 // not hold the run.
 const dumpTimeout = time.Minute
 
+// run runs a command and returns its combined output.
 func (c *cluster) run(name string, args ...string) (string, error) {
 	return c.runFor(commandTimeout, name, args...)
 }
