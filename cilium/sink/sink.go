@@ -19,6 +19,7 @@ import (
 
 	"github.com/cilium/cilium/pkg/annotation"
 	cmtypes "github.com/cilium/cilium/pkg/clustermesh/types"
+	"github.com/cilium/cilium/pkg/datapath/tables"
 	"github.com/cilium/cilium/pkg/labels"
 	clb "github.com/cilium/cilium/pkg/loadbalancer"
 	"github.com/cilium/cilium/pkg/loadbalancer/writer"
@@ -62,9 +63,10 @@ func serviceName(svc *lb.Service) clb.ServiceName {
 // are immutable (a reference field is cloned before it is changed).
 var maglev = map[string]string{annotation.ServiceLoadBalancingAlgorithm: clb.SVCLoadBalancingAlgorithmMaglev.String()}
 
-// New returns the sink that writes through Cilium's Writer.
-func New(w *writer.Writer, log *slog.Logger) l4lb.Sink {
-	return &Sink{w: w, log: log, services: map[lb.ServiceName]*service{}}
+// New returns the sink that writes through Cilium's Writer. cfg and
+// nodeAddrs say which frontends Cilium's Writer would skip (NodePort's).
+func New(w *writer.Writer, cfg clb.Config, nodeAddrs statedb.Table[tables.NodeAddress], log *slog.Logger) l4lb.Sink {
+	return &Sink{w: w, cfg: cfg, nodeAddrs: nodeAddrs, log: log, services: map[lb.ServiceName]*service{}}
 }
 
 // Sink is an l4lb.Sink over Cilium's Writer.
@@ -84,8 +86,10 @@ func New(w *writer.Writer, log *slog.Logger) l4lb.Sink {
 // tables name only backends, so the share goes to the backends instead,
 // and the sink says so in a warning each time a service gets one.
 type Sink struct {
-	w   *writer.Writer
-	log *slog.Logger
+	w         *writer.Writer
+	cfg       clb.Config
+	nodeAddrs statedb.Table[tables.NodeAddress]
+	log       *slog.Logger
 	// services remembers what each service's rows were made from, so that a
 	// change of its frontends' target ports rewrites its backends. Guarded
 	// by the tables' write lock: only a WriteTxn touches it.
@@ -157,13 +161,45 @@ func frontends(svc *lb.Service, name clb.ServiceName, fes []lb.FrontendParams) (
 	return cfes, ports, nil
 }
 
-// checkFrontends finds a frontend owned by another service. The error is
-// the standalone writer's, word for word.
+// checkFrontends finds the service's name owned by another source (a
+// Kubernetes Service, say: Cilium's writer would replace it, its frontends
+// with it) or a frontend owned by another service. The errors are the
+// standalone writer's, word for word.
 func (t *txn) checkFrontends(name clb.ServiceName, cfes []clb.FrontendParams, fes []lb.FrontendParams) error {
+	if err := t.checkOwner(name); err != nil {
+		return err
+	}
 	for i, fe := range cfes {
 		if old, _, found := t.s.w.Frontends().Get(t.txn, clb.FrontendByAddress(fe.Address)); found && !old.ServiceName.Equal(name) {
 			return fmt.Errorf("frontend %s is owned by service %q: %w", fes[i].Address, owner(old.ServiceName), lb.ErrFrontendConflict)
 		}
+		if t.nodePort(fe.Address) {
+			return fmt.Errorf("frontend %s: a node's NodePort address with a port in Cilium's NodePort range %d-%d, which Cilium's writer skips (it keeps them for NodePort services)",
+				fes[i].Address, t.s.cfg.NodePortMin, t.s.cfg.NodePortMax)
+		}
+	}
+	return nil
+}
+
+// nodePort says whether Cilium's writer would skip a LoadBalancer frontend
+// at addr, silently but for a log line: a port of its NodePort range on an
+// address its NodePort services listen on.
+func (t *txn) nodePort(addr clb.L3n4Addr) bool {
+	if addr.Port() < t.s.cfg.NodePortMin || addr.Port() > t.s.cfg.NodePortMax {
+		return false
+	}
+	for na := range t.s.nodeAddrs.List(t.txn, tables.NodeAddressNodePortIndex.Query(true)) {
+		if na.Addr == addr.AddrCluster().Addr() {
+			return true
+		}
+	}
+	return false
+}
+
+// checkOwner refuses a service name that another source's service has.
+func (t *txn) checkOwner(name clb.ServiceName) error {
+	if old, _, found := t.s.w.Services().Get(t.txn, clb.ServiceByName(name)); found && old.Source != Source {
+		return fmt.Errorf("service %q is source %q's: %w", owner(name), old.Source, lb.ErrServiceOwned)
 	}
 	return nil
 }
@@ -251,8 +287,12 @@ func owner(n clb.ServiceName) string {
 }
 
 func (t *txn) DeleteServiceAndFrontends(name lb.ServiceName) error {
-	if _, err := t.s.w.DeleteServiceAndFrontends(t.txn, t.s.name(name)); err != nil && !errors.Is(err, statedb.ErrObjectNotFound) {
-		return fmt.Errorf("service %q: %w", name, err)
+	// A service of ours that another source has replaced since (a
+	// Kubernetes Service of its name) is that source's to delete.
+	if t.checkOwner(t.s.name(name)) == nil {
+		if _, err := t.s.w.DeleteServiceAndFrontends(t.txn, t.s.name(name)); err != nil && !errors.Is(err, statedb.ErrObjectNotFound) {
+			return fmt.Errorf("service %q: %w", name, err)
+		}
 	}
 	if st := t.s.services[name]; st != nil {
 		st.ports, st.reject = nil, 0
@@ -262,6 +302,13 @@ func (t *txn) DeleteServiceAndFrontends(name lb.ServiceName) error {
 }
 
 func (t *txn) SetBackends(name lb.ServiceName, bes ...lb.BackendParams) error {
+	if len(bes) > 0 {
+		// Not into another source's service: its frontends would
+		// serve them.
+		if err := t.checkOwner(t.s.name(name)); err != nil {
+			return err
+		}
+	}
 	st := t.s.state(name)
 	cbes, err := backendRows(name, bes, st.ports)
 	if err != nil {

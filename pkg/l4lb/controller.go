@@ -647,8 +647,8 @@ func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
 	c.clas[r.Name] = bes
 	if refused, err := c.setBackends(txn, r.Name, bes, old); err != nil {
 		if !refused {
-			// Only a held cluster's VIPs are taken: it is written
-			// with these endpoints once they are free.
+			// Only a held cluster's VIPs or name are taken: it is
+			// written with these endpoints once they are free.
 			return err
 		}
 		// Refused: the name keeps the endpoints last accepted, those a
@@ -719,7 +719,7 @@ func (c *Controller) translateEndpoints(r xds.Resource) ([]loadbalancer.BackendP
 
 // setBackends gives bes to every cluster of the EDS name, writing the held
 // ones with them. refused says whether bes themselves were refused, not
-// only a held cluster's VIPs (taken by another source): then no cluster
+// only a held cluster's VIPs or name (taken by another source): then no cluster
 // has them, those already set get back old.
 func (c *Controller) setBackends(txn SinkTxn, edsName string, bes, old []loadbalancer.BackendParams) (refused bool, err error) {
 	users := c.users[edsName]
@@ -748,13 +748,20 @@ func (c *Controller) setBackends(txn SinkTxn, edsName string, bes, old []loadbal
 		}
 		if err := c.writeHeld(txn, name, bes); err != nil {
 			errs = append(errs, fmt.Errorf("cluster_load_assignment %q: %w", edsName, err))
-			refused = refused || !errors.Is(err, loadbalancer.ErrFrontendConflict)
+			refused = refused || !takenByOther(err)
 		}
 	}
 	if refused {
 		errs = undo(users, errs)
 	}
 	return refused, errors.Join(errs...)
+}
+
+// takenByOther says whether err is a held cluster's VIP or service name
+// that another source has: its endpoints are not at fault, and it is
+// written once they are free (retryBlocked).
+func takenByOther(err error) bool {
+	return errors.Is(err, loadbalancer.ErrFrontendConflict) || errors.Is(err, loadbalancer.ErrServiceOwned)
 }
 
 // writeHeldUsers writes the held clusters of the EDS name with the backends

@@ -41,13 +41,18 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T) *fixture {
+	return newFixtureWith(t, func(s Sink) Sink { return s })
+}
+
+// newFixtureWith is newFixture with the tables' sink wrapped.
+func newFixtureWith(t *testing.T, wrap func(Sink) Sink) *fixture {
 	db := statedb.New()
 	w, err := loadbalancer.NewWriter(db)
 	if err != nil {
 		t.Fatal(err)
 	}
 	names := &fakeNames{}
-	return &fixture{t: t, w: w, names: names, ctrl: NewController(NewTablesSink(w), names)}
+	return &fixture{t: t, w: w, names: names, ctrl: NewController(wrap(NewTablesSink(w)), names)}
 }
 
 func resource(m proto.Message) xds.Resource {

@@ -368,3 +368,82 @@ func TestControllerHeldAndWrittenClustersOfOneCLAInOneUpdate(t *testing.T) {
 		backend b 10.0.0.2:3306 weight=1 active
 	`)
 }
+
+// A service name another source has (inside Cilium, a Kubernetes Service's)
+// is never taken over: the cluster naming it is refused, naming the owner,
+// and the other source's service stays. A held cluster whose name another
+// source takes while it waits is written once the name is free, as one
+// whose VIP was taken.
+func TestControllerServiceNameOfAnotherSource(t *testing.T) {
+	t.Run("backends of many", func(t *testing.T) { testServiceNameOfAnotherSource(t, holdingFixture(t)) })
+	t.Run("backends one at a time", func(t *testing.T) {
+		// As the Cilium sink: no SetBackendsOf.
+		f := newFixtureWith(t, func(s Sink) Sink { return oneAtATime{s} })
+		f.ctrl.SetNewClusterWait(time.Hour, nil)
+		t.Cleanup(f.ctrl.Stop)
+		testServiceNameOfAnotherSource(t, f)
+	})
+}
+
+// oneAtATime is a Sink whose transactions set backends one service at a
+// time (no backendsOfMany).
+type oneAtATime struct{ Sink }
+
+type oneAtATimeTxn struct{ SinkTxn }
+
+func (s oneAtATime) WriteTxn() SinkTxn { return oneAtATimeTxn{s.Sink.WriteTxn()} }
+
+func (s oneAtATime) RegisterInitializer(name string) func(SinkTxn) {
+	done := s.Sink.RegisterInitializer(name)
+	return func(txn SinkTxn) { done(txn.(oneAtATimeTxn).SinkTxn) }
+}
+
+func testServiceNameOfAnotherSource(t *testing.T, f *fixture) {
+	other := &loadbalancer.Service{Name: "platform/db", Source: "k8s"}
+	clusterIP, err := loadbalancer.ParseL3n4Addr("10.96.0.10:5432/TCP")
+	if err != nil {
+		t.Fatal(err)
+	}
+	txn := f.w.WriteTxn()
+	if err := f.w.UpsertServiceAndFrontends(txn, other, loadbalancer.FrontendParams{Address: clusterIP}); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	const owned = `service "platform/db" is source "k8s"'s: service owned by another source`
+	rejectedWith(t, f.cds(nil, edsCluster("db", `{vip: 10.1.2.3, port: 5432, service: db, namespace: platform}`, "")), map[string]string{
+		"db": `cluster "db": ` + owned,
+	})
+
+	// Held, then taken: the CLA that would write it is refused, naming the
+	// owner; once the name is free the next update of either type writes
+	// it with that CLA's endpoints, which were not at fault.
+	txn = f.w.WriteTxn()
+	if _, err := f.w.DeleteServiceAndFrontends(txn, "platform/db"); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	noRejections(t, f.cds(nil, edsCluster("db", `{vip: 10.1.2.3, port: 5432, service: db, namespace: platform}`, "")))
+	txn = f.w.WriteTxn()
+	if err := f.w.UpsertServiceAndFrontends(txn, other); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	rejectedWith(t, f.eds(nil, claOf("db", ep("10.0.0.1", 5432, ""))), map[string]string{
+		"db": `cluster_load_assignment "db": cluster "db": ` + owned,
+	})
+	f.due()
+	f.expect(`
+		service platform/db source=k8s
+	`)
+	txn = f.w.WriteTxn()
+	if _, err := f.w.DeleteServiceAndFrontends(txn, "platform/db"); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	noRejections(t, f.cds(nil, edsCluster("db", `{vip: 10.1.2.3, port: 5432, service: db, namespace: platform}`, "")))
+	f.expect(`
+		service platform/db source=xds
+		frontend 10.1.2.3:5432/TCP platform/db -> [10.0.0.1:5432]
+		backend platform/db 10.0.0.1:5432 weight=1 active
+	`)
+}

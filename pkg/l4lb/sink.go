@@ -23,11 +23,14 @@ type Sink interface {
 // SinkTxn is one transaction of a Sink; the controller commits it once per
 // update. Its methods have the meaning of loadbalancer.Writer's: a frontend
 // owned by another service is an error that wraps
-// loadbalancer.ErrFrontendConflict and leaves the service as it was.
+// loadbalancer.ErrFrontendConflict, a service name another source has
+// (inside Cilium, a Kubernetes Service's) one that wraps
+// loadbalancer.ErrServiceOwned, and either leaves the service as it was.
 type SinkTxn interface {
 	UpsertServiceAndFrontends(svc *loadbalancer.Service, fes ...loadbalancer.FrontendParams) error
 	// CheckFrontends returns the error UpsertServiceAndFrontends would
-	// return for a frontend owned by another service, and writes nothing.
+	// return for a frontend owned by another service, or for the service's
+	// name owned by another source, and writes nothing.
 	CheckFrontends(svc *loadbalancer.Service, fes ...loadbalancer.FrontendParams) error
 	// DeleteServiceAndFrontends deletes a service that exists.
 	DeleteServiceAndFrontends(name loadbalancer.ServiceName) error
@@ -69,7 +72,7 @@ func (t tablesTxn) UpsertServiceAndFrontends(svc *loadbalancer.Service, fes ...l
 }
 
 func (t tablesTxn) CheckFrontends(svc *loadbalancer.Service, fes ...loadbalancer.FrontendParams) error {
-	return t.w.CheckFrontends(t.txn, svc.Name, fes...)
+	return t.w.CheckFrontends(t.txn, svc, fes...)
 }
 
 func (t tablesTxn) DeleteServiceAndFrontends(name loadbalancer.ServiceName) error {

@@ -267,3 +267,7 @@ type Backend struct {
 
 // ErrFrontendConflict: the frontend address belongs to another service.
 var ErrFrontendConflict = errors.New("frontend already owned by another service")
+
+// ErrServiceOwned: a service of that name belongs to another source (inside
+// Cilium, a Kubernetes Service, say), which an upsert would replace.
+var ErrServiceOwned = errors.New("service owned by another source")

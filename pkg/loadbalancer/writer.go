@@ -100,12 +100,17 @@ func (w *Writer) RegisterInitializer(name string) (done func(WriteTxn)) {
 // frontends: the service's frontends not in fes are deleted. Each frontend's
 // ServiceName is svc.Name and its Type defaults to LoadBalancer.
 //
-// If an address in fes is owned by another service, or the input is invalid,
-// nothing is written and the error says which address or field; a conflict
-// wraps ErrFrontendConflict. Unchanged rows are not rewritten.
+// If an address in fes is owned by another service, the service's name by
+// another source, or the input is invalid, nothing is written and the error
+// says which address, name or field; a conflict wraps ErrFrontendConflict or
+// ErrServiceOwned. Unchanged rows are not rewritten.
 func (w *Writer) UpsertServiceAndFrontends(txn WriteTxn, svc *Service, fes ...FrontendParams) error {
 	if err := validateService(svc); err != nil {
 		return err
+	}
+	oldSvc, _, found := w.services.Get(txn, ServiceByName.Query(svc.Name))
+	if found && oldSvc.Source != svc.Source {
+		return ownedError(oldSvc)
 	}
 
 	// Validate everything and find the current rows before writing anything.
@@ -128,7 +133,6 @@ func (w *Writer) UpsertServiceAndFrontends(txn WriteTxn, svc *Service, fes ...Fr
 		olds = append(olds, old) // nil when not found
 	}
 
-	oldSvc, _, found := w.services.Get(txn, ServiceByName.Query(svc.Name))
 	svcChanged := !found || !oldSvc.equal(svc)
 	if svcChanged {
 		if _, _, err := w.services.Insert(txn, svc); err != nil {
@@ -173,15 +177,22 @@ func (w *Writer) UpsertServiceAndFrontends(txn WriteTxn, svc *Service, fes ...Fr
 }
 
 // CheckFrontends returns the conflict UpsertServiceAndFrontends would
-// return for fes as frontends of the service name, and writes nothing.
-func (w *Writer) CheckFrontends(txn statedb.ReadTxn, name ServiceName, fes ...FrontendParams) error {
+// return for svc with fes, and writes nothing.
+func (w *Writer) CheckFrontends(txn statedb.ReadTxn, svc *Service, fes ...FrontendParams) error {
+	if old, _, found := w.services.Get(txn, ServiceByName.Query(svc.Name)); found && old.Source != svc.Source {
+		return ownedError(old)
+	}
 	for _, fe := range fes {
 		old, _, found := w.frontends.Get(txn, FrontendByAddress.Query(fe.Address))
-		if found && old.ServiceName != name {
+		if found && old.ServiceName != svc.Name {
 			return fmt.Errorf("frontend %s is owned by service %q: %w", fe.Address, old.ServiceName, ErrFrontendConflict)
 		}
 	}
 	return nil
+}
+
+func ownedError(old *Service) error {
+	return fmt.Errorf("service %q is source %q's: %w", old.Name, old.Source, ErrServiceOwned)
 }
 
 // DeleteServiceAndFrontends deletes the service and its frontends. Its

@@ -380,6 +380,34 @@ func TestWriter_ConflictError(t *testing.T) {
 	txn.Abort()
 }
 
+// A service name another source has is refused, by both the upsert and the
+// check, and its service and frontends stay as they were.
+func TestWriter_ServiceOwnedByAnotherSource(t *testing.T) {
+	w := newTestWriter(t)
+	txn := w.WriteTxn()
+	k8s := &Service{Name: "platform/db", Source: "k8s"}
+	if err := w.UpsertServiceAndFrontends(txn, k8s, fe("10.96.0.10:5432/TCP")); err != nil {
+		t.Fatal(err)
+	}
+	ours := &Service{Name: "platform/db", Source: SourceXDS}
+	const want = `service "platform/db" is source "k8s"'s: service owned by another source`
+	for what, err := range map[string]error{
+		"upsert": w.UpsertServiceAndFrontends(txn, ours, fe("10.1.2.3:5432/TCP")),
+		"check":  w.CheckFrontends(txn, ours, fe("10.1.2.3:5432/TCP")),
+	} {
+		if !errors.Is(err, ErrServiceOwned) || err.Error() != want {
+			t.Errorf("%s: error %v, want %q wrapping ErrServiceOwned", what, err, want)
+		}
+	}
+	rtxn := txn.Commit()
+	if got, _, _ := w.services.Get(rtxn, ServiceByName.Query("platform/db")); got != k8s {
+		t.Errorf("service %+v, want %+v", got, k8s)
+	}
+	if got, want := frontendRows(w, rtxn), []string{"10.96.0.10:5432/TCP platform/db []"}; !slices.Equal(got, want) {
+		t.Errorf("frontends %q, want %q", got, want)
+	}
+}
+
 // TestWriter_NoRewrite checks that the writer leaves unchanged rows alone, so
 // the datapath reconciler gets no needless work, and that a change makes the
 // frontend pending again.
