@@ -84,11 +84,14 @@ cilium_version=$(go list -m -f '{{.Version}}' github.com/cilium/cilium)
 # Cilium's Makefile.defs: ciliumVersion is "VERSION GIT_VERSION" (the
 # commit's short hash and author date), the Envoy SHA comes from the Envoy
 # image of images/cilium/Dockerfile. The commit is the last one of this
-# repository that changed the inputs, so that it is the same for the same
-# hash; "-dirty" when they have uncommitted changes. Part of the hash.
+# repository that changed the inputs (tests, test data and docs aside: a
+# commit of only those must not rebuild the images), so that it is the same
+# for the same hash; "-dirty" when they have uncommitted changes. Part of
+# the hash.
 envoy_sha=$(sed -nE 's/^ARG CILIUM_ENVOY_IMAGE=([^ ]*)/\1/p' "$cilium_dir/images/cilium/Dockerfile" | head -1 |
 	sed -E 's/[^/]*\/[^:]*:(.*-)?([^:@]*).*/\2/p;d')
-paths=(go.mod go.sum pkg cilium test/kind/cilium/build-images.sh test/kind/cilium/image test/kind/cilium/mcs-api-controllers)
+paths=(go.mod go.sum pkg cilium test/kind/cilium/build-images.sh test/kind/cilium/image test/kind/cilium/mcs-api-controllers
+	':(exclude,glob)**/*_test.go' ':(exclude,glob)**/testdata/**' ':(exclude,glob)**/*.md')
 git_version=$(cd "$repo" && git log -1 --format='%h %aI' -- "${paths[@]}" 2>/dev/null || echo "unknown 1970-01-01T00:00:00Z")
 commit=$(git -C "$repo" log -1 --format=%H -- "${paths[@]}" 2>/dev/null) || commit=
 version=$(git -C "$repo" describe --tags --always "${commit:-HEAD}" 2>/dev/null) || version=dev
