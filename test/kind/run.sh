@@ -46,8 +46,9 @@ kind_preflight "go docker dockerd zstd" "apt-get install docker.io zstd (deboots
 	exit 1
 }
 
-work=$(mktemp -d -t l4xds-kind.XXXXXX)
 kind_save_sysctls
+# Made after what can fail before the trap below, which removes it.
+work=$(mktemp -d -t l4xds-kind.XXXXXX)
 KUBECONFIG=$work/kubeconfig
 
 cleanup() {
@@ -80,7 +81,7 @@ mkdir -p "$work/image"
 # The same binaries as the repository's Dockerfile, which needs a registry
 # for its base images: static, on an empty base.
 printf 'FROM scratch\nCOPY l4xds-agent l4xds-dbg l4xds-control-plane l4xds-traffic /usr/local/bin/\nENV PATH=/usr/local/bin\nCMD ["l4xds-agent"]\n' >"$work/image/Dockerfile"
-docker build -q -t "$IMAGE" "$work/image" >/dev/null 2>&1
+docker build -q -t "$IMAGE" "$work/image" >/dev/null
 
 say "creating cluster $CLUSTER ($node_image)"
 created=1

@@ -41,9 +41,10 @@ TIER=test-kind-cilium
 # bpftool: the test reads socket-LB's attachments from the machine.
 kind_preflight "go docker dockerd zstd debootstrap bpftool" "apt-get install docker.io zstd debootstrap bpftool (.ci/run installs them)"
 
-work=$(mktemp -d -t l4xds-kind-cilium.XXXXXX)
 kind_save_sysctls
 unpriv_bpf=$(sysctl -n kernel.unprivileged_bpf_disabled)
+# Made after what can fail before the trap below, which removes it.
+work=$(mktemp -d -t l4xds-kind-cilium.XXXXXX)
 KUBECONFIG=$work/kubeconfig
 
 cleanup() {
@@ -77,7 +78,7 @@ mkdir -p "$work/image" "$work/bin"
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$work/image/" ./test/l4xds-traffic)
 (cd "$repo/cmd/l4xds-control-plane" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$work/image/" .)
 printf 'FROM scratch\nCOPY l4xds-control-plane l4xds-traffic /usr/local/bin/\nENV PATH=/usr/local/bin\n' >"$work/image/Dockerfile"
-docker build -q -t "$IMAGE-cilium" "$work/image" >/dev/null 2>&1
+docker build -q -t "$IMAGE-cilium" "$work/image" >/dev/null
 IMAGE=$IMAGE-cilium
 
 say "creating cluster $CLUSTER ($node_image)"
