@@ -299,6 +299,16 @@ func (c *Controller) upsertCluster(txn SinkTxn, r xds.Resource) error {
 	}
 	renamed := had && prev.svc.Name != name
 	if renamed {
+		// A name or a new VIP another has is refused before anything
+		// is deleted: else the old service, deleted and written again,
+		// would be programmed again with every update that offers the
+		// cluster again.
+		fresh := slices.DeleteFunc(slices.Clone(spec.Frontends), func(fe loadbalancer.FrontendParams) bool {
+			return slices.ContainsFunc(prev.fes, func(p loadbalancer.FrontendParams) bool { return p.Address == fe.Address })
+		})
+		if err := txn.CheckFrontends(spec.Service, fresh...); err != nil {
+			return fmt.Errorf("cluster %q: %w", r.Name, err)
+		}
 		// Frees the VIPs the service keeps under its new name; the
 		// backends stay until the new name has its frontends.
 		if err := txn.DeleteServiceAndFrontends(prev.svc.Name); err != nil {

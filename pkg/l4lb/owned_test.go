@@ -100,3 +100,48 @@ func TestControllerOwnedServiceComesBackWithItsLatestEndpoints(t *testing.T) {
 		backend platform/a 10.0.0.2:5432 weight=1 active
 	`)
 }
+
+// A rename to a name another source has is refused before anything is
+// written: the cluster's rows under its old name stay as they were, not
+// deleted and written again (the datapath would program them again with
+// every CDS update, each offering the rejected cluster again).
+func TestControllerRenameToOwnedNameRewritesNothing(t *testing.T) {
+	f := newFixture(t)
+	noRejections(t, f.cds(nil, staticOwnedCluster("a", "a")))
+	txn := f.w.WriteTxn()
+	if err := f.w.UpsertServiceAndFrontends(txn, &loadbalancer.Service{Name: "platform/b", Source: "k8s"}); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	rev := func() uint64 {
+		_, r, _ := f.w.Frontends().Get(f.w.ReadTxn(), loadbalancer.FrontendByAddress.Query(feAddr(t, "10.1.2.3:5432/TCP")))
+		return r
+	}
+	was := rev()
+	rejectedWith(t, f.cds(nil, staticOwnedCluster("a", "b")), map[string]string{
+		"a": `cluster "a": service "platform/b" is source "k8s"'s: service owned by another source`,
+	})
+	if now := rev(); now != was {
+		t.Errorf("frontend rewritten by a refused rename: revision %d, was %d", now, was)
+	}
+	f.expect(`
+		service platform/a source=xds
+		service platform/b source=k8s
+		frontend 10.1.2.3:5432/TCP platform/a -> [10.0.0.1:5432]
+		backend platform/a 10.0.0.1:5432 weight=1 active
+	`)
+}
+
+func staticOwnedCluster(name, service string) string {
+	return "name: " + name + "\ntype: STATIC\nmetadata: {filter_metadata: {io.cilium.l4lb: {vip: 10.1.2.3, port: 5432, service: " + service + ", namespace: platform}}}\n" +
+		"load_assignment: {cluster_name: " + name + ", endpoints: [{lb_endpoints: [" + ep("10.0.0.1", 5432, "") + "]}]}\n"
+}
+
+func feAddr(t *testing.T, s string) loadbalancer.L3n4Addr {
+	t.Helper()
+	a, err := loadbalancer.ParseL3n4Addr(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
