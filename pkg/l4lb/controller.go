@@ -87,16 +87,17 @@ type Controller struct {
 	// the xDS client offers a rejected resource again, since their own
 	// next update may never come. Their errors are the health the
 	// controller reports (SetHealth): their xDS rows say acked.
-	blocked map[string]error
-	// displaced are the written clusters whose service another source
-	// took since (inside Cilium, a Kubernetes Service of its name): their
-	// backends were refused and released, and are set again when their
-	// service is written again.
-	displaced      map[string]struct{}
+	blocked        map[string]error
 	blockedChanged bool
 	health, scope  cell.Health
 	timer          *time.Timer
 	stopped        bool
+
+	// displaced are the written clusters whose service another source
+	// took since (inside Cilium, a Kubernetes Service of its name): their
+	// backends were refused and released, and are set again when their
+	// service is written again.
+	displaced map[string]struct{}
 }
 
 // cluster is what the controller remembers of an accepted cluster.
