@@ -92,6 +92,12 @@ type Controller struct {
 	health, scope  cell.Health
 	timer          *time.Timer
 	stopped        bool
+
+	// displaced are the written clusters whose service another source
+	// took since (inside Cilium, a Kubernetes Service of its name): their
+	// backends were refused and released, and are set again when their
+	// service is written again.
+	displaced map[string]struct{}
 }
 
 // cluster is what the controller remembers of an accepted cluster.
@@ -127,19 +133,20 @@ func NewControllerWith(cfg Config, sink Sink, names NameSetter) (*Controller, er
 
 func newController(tr *Translator, sink Sink, names NameSetter) *Controller {
 	return &Controller{
-		sink:     sink,
-		names:    names,
-		tr:       tr,
-		clusters: map[string]cluster{},
-		owners:   map[loadbalancer.ServiceName]string{},
-		users:    map[string][]string{},
-		clas:     map[string][]loadbalancer.BackendParams{},
-		done:     sink.RegisterInitializer(InitializerName),
-		sawEDS:   map[string]struct{}{},
-		log:      slog.New(slog.DiscardHandler),
-		held:     map[string]time.Time{},
-		reserved: map[loadbalancer.L3n4Addr]string{},
-		blocked:  map[string]error{},
+		sink:      sink,
+		names:     names,
+		tr:        tr,
+		clusters:  map[string]cluster{},
+		owners:    map[loadbalancer.ServiceName]string{},
+		users:     map[string][]string{},
+		clas:      map[string][]loadbalancer.BackendParams{},
+		done:      sink.RegisterInitializer(InitializerName),
+		sawEDS:    map[string]struct{}{},
+		log:       slog.New(slog.DiscardHandler),
+		held:      map[string]time.Time{},
+		reserved:  map[loadbalancer.L3n4Addr]string{},
+		blocked:   map[string]error{},
+		displaced: map[string]struct{}{},
 	}
 }
 
@@ -293,6 +300,16 @@ func (c *Controller) upsertCluster(txn SinkTxn, r xds.Resource) error {
 	}
 	renamed := had && prev.svc.Name != name
 	if renamed {
+		// A name or a new VIP another has is refused before anything
+		// is deleted: else the old service, deleted and written again,
+		// would be programmed again with every update that offers the
+		// cluster again.
+		fresh := slices.DeleteFunc(slices.Clone(spec.Frontends), func(fe loadbalancer.FrontendParams) bool {
+			return slices.ContainsFunc(prev.fes, func(p loadbalancer.FrontendParams) bool { return p.Address == fe.Address })
+		})
+		if err := txn.CheckFrontends(spec.Service, fresh...); err != nil {
+			return fmt.Errorf("cluster %q: %w", r.Name, err)
+		}
 		// Frees the VIPs the service keeps under its new name; the
 		// backends stay until the new name has its frontends.
 		if err := txn.DeleteServiceAndFrontends(prev.svc.Name); err != nil {
@@ -319,6 +336,12 @@ func (c *Controller) upsertCluster(txn SinkTxn, r xds.Resource) error {
 		// The backends of the new CLA if known, none otherwise: the old
 		// CLA's backends must not serve the new name.
 		err = txn.SetBackends(name, c.clas[spec.EDSName]...)
+	default:
+		if _, ok := c.displaced[r.Name]; ok {
+			// Written again after another source had its service:
+			// the backends it refused meanwhile.
+			err = txn.SetBackends(name, c.clas[spec.EDSName]...)
+		}
 	}
 	if err == nil && renamed {
 		err = txn.SetBackends(prev.svc.Name)
@@ -383,6 +406,7 @@ func (c *Controller) addCluster(name string, cl cluster, until time.Time) {
 func (c *Controller) forgetCluster(name string, cl cluster) {
 	c.removeUser(cl.eds, name)
 	delete(c.owners, cl.svc.Name)
+	delete(c.displaced, name)
 	if !cl.held {
 		return
 	}
@@ -719,29 +743,44 @@ func (c *Controller) translateEndpoints(r xds.Resource) ([]loadbalancer.BackendP
 
 // setBackends gives bes to every cluster of the EDS name, writing the held
 // ones with them. refused says whether bes themselves were refused, not
-// only a held cluster's VIPs or name (taken by another source): then no cluster
+// only a cluster's VIPs or name (taken by another source): then no cluster
 // has them, those already set get back old.
 func (c *Controller) setBackends(txn SinkTxn, edsName string, bes, old []loadbalancer.BackendParams) (refused bool, err error) {
 	users := c.users[edsName]
+	// displaced are the clusters whose service another source has: they
+	// keep none.
+	var displaced []string
 	// undo gives old back to the written clusters among set.
 	undo := func(set []string, errs []error) []error {
 		for _, name := range set {
-			if !c.clusters[name].held {
+			if !c.clusters[name].held && !slices.Contains(displaced, name) {
 				errs = append(errs, txn.SetBackends(c.clusters[name].svc.Name, old...))
 			}
 		}
 		return errs
 	}
+	var errs []error
 	for i, name := range users {
 		if c.clusters[name].held {
 			continue
 		}
-		if err := txn.SetBackends(c.clusters[name].svc.Name, bes...); err != nil {
-			errs := []error{fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, name, err)}
-			return true, errors.Join(undo(users[:i], errs)...)
+		svc := c.clusters[name].svc.Name
+		if err := txn.SetBackends(svc, bes...); err != nil {
+			errs = append(errs, fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, name, err))
+			if !takenByOther(err) {
+				return true, errors.Join(undo(users[:i], errs)...)
+			}
+			// Another source took its service since it was written:
+			// its backends are not at fault, and the other clusters
+			// get them. Ours leave that service (they would serve
+			// its frontends) and come back when it is ours again.
+			if err := txn.SetBackends(svc); err != nil {
+				errs = append(errs, fmt.Errorf("cluster_load_assignment %q: cluster %q: %w", edsName, name, err))
+			}
+			c.displaced[name] = struct{}{}
+			displaced = append(displaced, name)
 		}
 	}
-	var errs []error
 	for _, name := range users {
 		if !c.clusters[name].held {
 			continue
@@ -757,9 +796,10 @@ func (c *Controller) setBackends(txn SinkTxn, edsName string, bes, old []loadbal
 	return refused, errors.Join(errs...)
 }
 
-// takenByOther says whether err is a held cluster's VIP or service name
-// that another source has: its endpoints are not at fault, and it is
-// written once they are free (retryBlocked).
+// takenByOther says whether err is a cluster's VIP or service name that
+// another source has: its endpoints are not at fault. A held cluster is
+// written once they are free (retryBlocked), a written one with its next
+// change (displaced).
 func takenByOther(err error) bool {
 	return errors.Is(err, loadbalancer.ErrFrontendConflict) || errors.Is(err, loadbalancer.ErrServiceOwned)
 }
