@@ -376,36 +376,18 @@ func TestControllerHeldAndWrittenClustersOfOneCLAInOneUpdate(t *testing.T) {
 // whose VIP was taken.
 func TestControllerServiceNameOfAnotherSource(t *testing.T) {
 	t.Run("backends of many", func(t *testing.T) { testServiceNameOfAnotherSource(t, holdingFixture(t)) })
-	t.Run("backends one at a time", func(t *testing.T) {
-		// As the Cilium sink: no SetBackendsOf.
-		f := newFixtureWith(t, func(s Sink) Sink { return oneAtATime{s} })
+	t.Run("as the Cilium sink", func(t *testing.T) {
+		f := newFixtureWith(t, func(s Sink) Sink { return ownerChecking{s} })
 		f.ctrl.SetNewClusterWait(time.Hour, nil)
 		t.Cleanup(f.ctrl.Stop)
 		testServiceNameOfAnotherSource(t, f)
 	})
 }
 
-// oneAtATime is a Sink whose transactions set backends one service at a
-// time (no backendsOfMany).
-type oneAtATime struct{ Sink }
-
-type oneAtATimeTxn struct{ SinkTxn }
-
-func (s oneAtATime) WriteTxn() SinkTxn { return oneAtATimeTxn{s.Sink.WriteTxn()} }
-
-func (s oneAtATime) RegisterInitializer(name string) func(SinkTxn) {
-	done := s.Sink.RegisterInitializer(name)
-	return func(txn SinkTxn) { done(txn.(oneAtATimeTxn).SinkTxn) }
-}
-
 func testServiceNameOfAnotherSource(t *testing.T, f *fixture) {
 	other := &loadbalancer.Service{Name: "platform/db", Source: "k8s"}
-	clusterIP, err := loadbalancer.ParseL3n4Addr("10.96.0.10:5432/TCP")
-	if err != nil {
-		t.Fatal(err)
-	}
 	txn := f.w.WriteTxn()
-	if err := f.w.UpsertServiceAndFrontends(txn, other, loadbalancer.FrontendParams{Address: clusterIP}); err != nil {
+	if err := f.w.UpsertServiceAndFrontends(txn, other, loadbalancer.FrontendParams{Address: feAddr(t, "10.96.0.10:5432/TCP")}); err != nil {
 		t.Fatal(err)
 	}
 	txn.Commit()
@@ -417,11 +399,7 @@ func testServiceNameOfAnotherSource(t *testing.T, f *fixture) {
 	// Held, then taken: the CLA that would write it is refused, naming the
 	// owner; once the name is free the next update of either type writes
 	// it with that CLA's endpoints, which were not at fault.
-	txn = f.w.WriteTxn()
-	if _, err := f.w.DeleteServiceAndFrontends(txn, "platform/db"); err != nil {
-		t.Fatal(err)
-	}
-	txn.Commit()
+	f.giveBack("platform/db")
 	noRejections(t, f.cds(nil, edsCluster("db", `{vip: 10.1.2.3, port: 5432, service: db, namespace: platform}`, "")))
 	txn = f.w.WriteTxn()
 	if err := f.w.UpsertServiceAndFrontends(txn, other); err != nil {
@@ -435,11 +413,7 @@ func testServiceNameOfAnotherSource(t *testing.T, f *fixture) {
 	f.expect(`
 		service platform/db source=k8s
 	`)
-	txn = f.w.WriteTxn()
-	if _, err := f.w.DeleteServiceAndFrontends(txn, "platform/db"); err != nil {
-		t.Fatal(err)
-	}
-	txn.Commit()
+	f.giveBack("platform/db")
 	noRejections(t, f.cds(nil, edsCluster("db", `{vip: 10.1.2.3, port: 5432, service: db, namespace: platform}`, "")))
 	f.expect(`
 		service platform/db source=xds
