@@ -12,6 +12,10 @@ CP       := cmd/l4xds-control-plane
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT   ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -X github.com/l4xds/l4xds/pkg/version.Version=$(VERSION) -X github.com/l4xds/l4xds/pkg/version.Commit=$(COMMIT)
+# Static binaries, as Cilium builds its own (its Makefile.defs), and one
+# build configuration for every module, tier and image (cilium/Makefile and
+# test/kind use it too): Go's build cache then compiles each package once.
+export CGO_ENABLED ?= 0
 
 .PHONY: all build release release-check release-images release-chart test test-control-plane test-cilium test-kind test-kind-cilium soak chaos bench bench-cilium fuzz generate demo demo-cilium docs lint clean
 

@@ -16,6 +16,9 @@
 # and sets created=1 before creating the cluster.
 
 lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The Makefile's build configuration (static binaries for the images'
+# empty base), so that the tiers' builds reuse what make build compiled.
+export CGO_ENABLED=0
 t0=$(date +%s)
 dockerd_pid=
 created=0

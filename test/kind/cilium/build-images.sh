@@ -30,6 +30,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
 
 CACHE=${L4XDS_CACHE:-/var/cache/l4xds}
+# cilium/Makefile's setting (and Cilium's own), so that the compiled
+# packages are shared.
+export CGO_ENABLED=0
 # Cilium's images/runtime installs these (plus iptables 1.8.8 of its own and
 # LLVM 19 of its own image; Debian bookworm has iptables 1.8.9 and LLVM 19);
 # bash, util-linux (nsenter) and mount for the init containers' scripts,
@@ -147,8 +150,8 @@ ldflags="-s -w -X 'github.com/cilium/cilium/pkg/version.ciliumVersion=${cilium_v
 ldflags="$ldflags -X github.com/cilium/cilium/pkg/envoy.requiredEnvoyVersionSHA=$envoy_sha"
 ldflags="$ldflags -X github.com/l4xds/l4xds/pkg/version.Version=$version -X github.com/l4xds/l4xds/pkg/version.Commit=$commit"
 
-# With cilium/Makefile's settings (cgo as the host has it, no -trimpath),
-# so that its compiled packages are reused; only the link differs.
+# With cilium/Makefile's settings (CGO_ENABLED=0, no -trimpath), so that
+# its compiled packages are reused; only the link differs.
 step "agent binaries"
 timed "agent binaries" nice -n 5 go build -ldflags "$ldflags" -o "$work/bin/" \
 	./cmd/cilium-agent ./cmd/cilium-dbg \
