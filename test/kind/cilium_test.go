@@ -65,6 +65,7 @@ func TestKindCilium(t *testing.T) {
 					t.Errorf("cilium-dbg shell -- db/show frontends on %s: no %q:\n%s", nodeName, w, out)
 				}
 			}
+			t.Logf("cilium-dbg shell -- db/show frontends on %s:\n%s", nodeName, out)
 			out = c.ciliumDbg(t, pod, "bpf", "lb", "list")
 			for _, w := range []string{"10.1.2.3:3306/TCP", "10.1.2.7:7777/UDP", b[0].ip + ":3306/TCP", b[1].ip + ":3306/TCP", b[0].ip + ":7777/UDP", b[1].ip + ":7777/UDP"} {
 				if !strings.Contains(out, w) {
