@@ -15,6 +15,7 @@ LDFLAGS  := -X github.com/l4xds/l4xds/pkg/version.Version=$(VERSION) -X github.c
 # Static binaries, as Cilium builds its own (its Makefile.defs), and one
 # build configuration for every module, tier and image (cilium/Makefile and
 # test/kind use it too): Go's build cache then compiles each package once.
+# The race detector needs cgo: CGO_ENABLED=1 GOFLAGS=-race make test.
 export CGO_ENABLED ?= 0
 
 .PHONY: all build release release-check release-images release-chart test test-control-plane test-cilium test-kind test-kind-cilium soak chaos bench bench-cilium fuzz generate demo demo-cilium docs lint clean

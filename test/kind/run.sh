@@ -75,9 +75,9 @@ export PATH=$L4XDS_CACHE/bin:$PATH
 say "l4xds binaries and image $IMAGE"
 make -C "$repo" build >/dev/null
 mkdir -p "$work/image"
-(cd "$repo" && go build -ldflags='-s -w' -o "$work/image/" \
+(cd "$repo" && CGO_ENABLED=0 go build -ldflags='-s -w' -o "$work/image/" \
 	./cmd/l4xds-agent ./cmd/l4xds-dbg ./test/l4xds-traffic)
-(cd "$repo/cmd/l4xds-control-plane" && go build -ldflags='-s -w' -o "$work/image/" .)
+(cd "$repo/cmd/l4xds-control-plane" && CGO_ENABLED=0 go build -ldflags='-s -w' -o "$work/image/" .)
 # The same binaries as the repository's Dockerfile, which needs a registry
 # for its base images: static, on an empty base.
 printf 'FROM scratch\nCOPY l4xds-agent l4xds-dbg l4xds-control-plane l4xds-traffic /usr/local/bin/\nENV PATH=/usr/local/bin\nCMD ["l4xds-agent"]\n' >"$work/image/Dockerfile"

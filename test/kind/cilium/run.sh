@@ -75,8 +75,8 @@ operator_image=$(sed -n 2p <<<"$images")
 
 say "l4xds image $IMAGE (control plane, traffic tool)"
 mkdir -p "$work/image" "$work/bin"
-(cd "$repo" && go build -ldflags='-s -w' -o "$work/image/" ./test/l4xds-traffic)
-(cd "$repo/cmd/l4xds-control-plane" && go build -ldflags='-s -w' -o "$work/image/" .)
+(cd "$repo" && CGO_ENABLED=0 go build -ldflags='-s -w' -o "$work/image/" ./test/l4xds-traffic)
+(cd "$repo/cmd/l4xds-control-plane" && CGO_ENABLED=0 go build -ldflags='-s -w' -o "$work/image/" .)
 printf 'FROM scratch\nCOPY l4xds-control-plane l4xds-traffic /usr/local/bin/\nENV PATH=/usr/local/bin\n' >"$work/image/Dockerfile"
 docker build -q -t "$IMAGE-cilium" "$work/image" >/dev/null
 IMAGE=$IMAGE-cilium
