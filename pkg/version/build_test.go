@@ -8,9 +8,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/l4xds/l4xds/internal/makecmd"
 )
 
 const repoRoot = "../.."
@@ -26,7 +27,7 @@ func TestMakeBuildStampsEveryBinary(t *testing.T) {
 		t.Fatalf("needs make: %v", err)
 	}
 	bin := t.TempDir()
-	cmd := makeCommand("-C", repoRoot, "--no-print-directory", "build",
+	cmd := makecmd.Command("-C", repoRoot, "--no-print-directory", "build",
 		"BIN="+bin, "VERSION=v9.8.7-test", "COMMIT=c0ffee")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("make build: %v\n%s", err, out)
@@ -41,22 +42,6 @@ func TestMakeBuildStampsEveryBinary(t *testing.T) {
 			t.Errorf("%s --version = %q, want %q", b, out, want)
 		}
 	}
-}
-
-// makeCommand is make with the cgo setting this test was built with, so
-// that what make compiles is shared in Go's build cache with the go test
-// that runs it (the Makefile's own default is CGO_ENABLED=0).
-func makeCommand(args ...string) *exec.Cmd {
-	cmd := exec.Command("make", args...)
-	cmd.Env = os.Environ()
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "CGO_ENABLED" {
-				cmd.Env = append(cmd.Env, "CGO_ENABLED="+s.Value)
-			}
-		}
-	}
-	return cmd
 }
 
 // Both Dockerfiles take VERSION and COMMIT as build arguments and stamp

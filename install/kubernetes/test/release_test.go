@@ -3,13 +3,11 @@
 package test
 
 import (
-	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"testing"
 
+	"github.com/l4xds/l4xds/internal/makecmd"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	appsv1 "k8s.io/api/apps/v1"
 )
@@ -20,7 +18,7 @@ import (
 // holds the whole chart. A VERSION that is not a release version fails.
 func TestReleaseChartPackage(t *testing.T) {
 	dist := t.TempDir()
-	out, err := makeCommand("-C", repoRoot, "release-chart", "VERSION=v9.8.7-rc.1", "DIST="+dist).CombinedOutput()
+	out, err := makecmd.Command("-C", repoRoot, "release-chart", "VERSION=v9.8.7-rc.1", "DIST="+dist).CombinedOutput()
 	if err != nil {
 		t.Fatalf("make release-chart: %v\n%s", err, out)
 	}
@@ -45,24 +43,8 @@ func TestReleaseChartPackage(t *testing.T) {
 		t.Errorf("the packaged chart's agent image %q, want the release's tag 9.8.7-rc.1", img)
 	}
 
-	out, err = makeCommand("-C", repoRoot, "release-chart", "VERSION=4ff647d-dirty", "DIST="+dist).CombinedOutput()
+	out, err = makecmd.Command("-C", repoRoot, "release-chart", "VERSION=4ff647d-dirty", "DIST="+dist).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "VERSION=4ff647d-dirty is not a release version") {
 		t.Errorf("make release-chart with VERSION=4ff647d-dirty: %v\n%s", err, out)
 	}
-}
-
-// makeCommand is make with the cgo setting this test was built with, so
-// that what make compiles is shared in Go's build cache with the go test
-// that runs it (the Makefile's own default is CGO_ENABLED=0).
-func makeCommand(args ...string) *exec.Cmd {
-	cmd := exec.Command("make", args...)
-	cmd.Env = os.Environ()
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "CGO_ENABLED" {
-				cmd.Env = append(cmd.Env, "CGO_ENABLED="+s.Value)
-			}
-		}
-	}
-	return cmd
 }
