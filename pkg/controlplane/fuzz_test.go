@@ -17,10 +17,20 @@ import (
 // FuzzParseResources feeds arbitrary files to the resource file parser. It
 // must never panic; an error names the document; and what it accepts, every
 // resource named, written back as a file of `resource:` documents, parses
-// to the same resources.
+// to the same resources. What the JSON path takes, the YAML path takes
+// too, with the same resources.
 func FuzzParseResources(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		res, err := ParseResources(data)
+		if fast, ok := parseJSON(data, parseOptions{}); ok {
+			slow, err := parseYAML(data, parseOptions{})
+			if err != nil {
+				t.Fatalf("the JSON path took what the YAML path refuses: %v", err)
+			}
+			if !equalResources(fast, slow) {
+				t.Fatalf("the JSON path made other resources than the YAML path:\n%v\n%v", fast, slow)
+			}
+		}
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "document ") {
 				t.Fatalf("error %q does not start with the document", err)
@@ -68,4 +78,19 @@ func FuzzParseResources(f *testing.F) {
 			t.Fatalf("%d resources parsed again, %d first", again.Len(), res.Len())
 		}
 	})
+}
+
+// equalResources compares by value (resourcesEqual, by identity).
+func equalResources(a, b Resources) bool {
+	if a.Len() != b.Len() {
+		return false
+	}
+	for typeURL, byName := range a {
+		for name, msg := range byName {
+			if !proto.Equal(msg, b[typeURL][name]) {
+				return false
+			}
+		}
+	}
+	return true
 }

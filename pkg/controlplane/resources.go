@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	yaml "go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -98,7 +99,8 @@ func LoadFile(path string, opts ...ParseOption) (Resources, error) {
 }
 
 // ParseResources decodes a resource file: a stream of YAML documents
-// separated by "---", or JSON (JSON is read as YAML). Each document is one of
+// separated by "---", or JSON (JSON is read as YAML, but for a good file of
+// the `resources` form: parseJSON). Each document is one of
 //
 //   - `resource: {'@type': ..., ...}`, the form of the CFP's example;
 //   - a bare resource, `{'@type': ..., ...}`;
@@ -115,6 +117,15 @@ func ParseResources(data []byte, opts ...ParseOption) (Resources, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if res, ok := parseJSON(data, o); ok {
+		return res, nil
+	}
+	return parseYAML(data, o)
+}
+
+// parseYAML is ParseResources for any file: every form, YAML's aliases and
+// merge keys, and errors that name the document, resource, field and line.
+func parseYAML(data []byte, o parseOptions) (Resources, error) {
 	p := parser{opts: o, res: Resources{}, firstSeen: map[string]string{}}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	for doc := 1; ; doc++ {
@@ -132,6 +143,84 @@ func ParseResources(data []byte, opts ...ParseOption) (Resources, error) {
 		}
 	}
 	return p.res, nil
+}
+
+// parseJSON is ParseResources for the form a program writes: one JSON
+// object, `{"resources": [...]}`, read by protojson at once (a DiscoveryResponse
+// has that field), without the YAML node tree and the re-encoding of every
+// resource, which are most of the time a large file takes. It takes a file
+// only when the whole of it is good, and reports false otherwise: parseYAML
+// then reads it and says what is wrong. The two make the same resources of
+// what both accept (FuzzParseResources).
+func parseJSON(data []byte, o parseOptions) (Resources, bool) {
+	data = bytes.TrimSpace(data)
+	// Past these, parseYAML's bounds may refuse what protojson takes: its
+	// budget spends less than one node per byte of JSON.
+	if len(data) == 0 || data[0] != '{' || len(data) > maxNodes || jsonDepth(data) > 64 {
+		return nil, false
+	}
+	// The keys parseYAML allows beside "resources", whose value is a list.
+	var top map[string]json.RawMessage
+	if json.Unmarshal(data, &top) != nil {
+		return nil, false
+	}
+	list, ok := top["resources"]
+	if !ok || len(list) == 0 || list[0] != '[' {
+		return nil, false
+	}
+	for key := range top {
+		switch key {
+		case "resources", "version_info", "versionInfo", "type_url", "typeUrl":
+		default:
+			return nil, false
+		}
+	}
+	var file discovery.DiscoveryResponse
+	if protojson.Unmarshal(data, &file) != nil {
+		return nil, false
+	}
+	res := Resources{}
+	for _, a := range file.GetResources() {
+		if a.GetTypeUrl() == "" {
+			return nil, false
+		}
+		mt, err := protoregistry.GlobalTypes.FindMessageByURL(a.GetTypeUrl())
+		if err != nil {
+			return nil, false
+		}
+		msg := mt.New().Interface()
+		if proto.Unmarshal(a.GetValue(), msg) != nil {
+			return nil, false
+		}
+		if v, ok := msg.(interface{ Validate() error }); ok && !o.skipValidation && v.Validate() != nil {
+			return nil, false
+		}
+		if cache.GetResourceName(msg) == "" || res.Add(msg) != nil {
+			return nil, false // unnamed, or a duplicate
+		}
+	}
+	return res, true
+}
+
+// jsonDepth is the deepest nesting of objects and arrays in JSON data.
+func jsonDepth(data []byte) int {
+	depth, deepest, inString := 0, 0, false
+	for i := 0; i < len(data); i++ {
+		switch c := data[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			if depth++; depth > deepest {
+				deepest = depth
+			}
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return deepest
 }
 
 type parser struct {

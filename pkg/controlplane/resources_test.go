@@ -361,3 +361,78 @@ func TestParseRefusesAliasBombs(t *testing.T) {
 		})
 	}
 }
+
+// A program's file, `{"resources": [...]}` in JSON, is read by protojson at
+// once; anything else, or anything wrong in it, by the YAML path, which
+// says what is wrong.
+func TestParseJSONTakesOnlyWholeGoodFiles(t *testing.T) {
+	const cluster = `{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"a","type":"EDS",` +
+		`"metadata":{"filterMetadata":{"io.cilium.l4lb":{"vip":"10.0.0.1","port":80}}}}`
+	const cla = `{"@type":"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment","clusterName":"a"}`
+	for _, tc := range []struct {
+		name, file string
+		taken      bool
+	}{
+		{"resources", `{"resources":[` + cluster + `,` + cla + `]}`, true},
+		{"with version and type", " \n{\"version_info\":\"1\",\"type_url\":\"x\",\"resources\":[" + cla + "]}\n", true},
+		{"empty", `{"resources":[]}`, true},
+		{"YAML", "resources:\n- " + cluster, false},
+		{"a list of resources", `[` + cluster + `]`, false},
+		{"resource form", `{"resource":` + cluster + `}`, false},
+		{"another key", `{"resources":[],"nonce":"n"}`, false},
+		{"resources not a list", `{"resources":{}}`, false},
+		{"duplicate", `{"resources":[` + cla + `,` + cla + `]}`, false},
+		{"unknown field", `{"resources":[{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"a","nme":"b"}]}`, false},
+		{"unknown type", `{"resources":[{"@type":"type.googleapis.com/x.Y","name":"a"}]}`, false},
+		{"invalid", `{"resources":[{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":""}]}`, false},
+		{"not JSON", `{"resources":[` + cluster + `]`, false},
+		{"too deep", `{"resources":[],"version_info":` + strings.Repeat("[", 65) + strings.Repeat("]", 65) + `}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fast, taken := parseJSON([]byte(tc.file), parseOptions{})
+			if taken != tc.taken {
+				t.Fatalf("taken by the JSON path: %v, want %v", taken, tc.taken)
+			}
+			slow, err := parseYAML([]byte(tc.file), parseOptions{})
+			if taken && (err != nil || !equalResources(fast, slow)) {
+				t.Fatalf("the YAML path: %v, %v; the JSON path: %v", slow, err, fast)
+			}
+		})
+	}
+}
+
+// BenchmarkParseResources parses a generated file of N clusters and their
+// ClusterLoadAssignments, in JSON (the JSON path) and the same as YAML.
+func BenchmarkParseResources(b *testing.B) {
+	const n = 10000
+	var js, ym strings.Builder
+	js.WriteString(`{"resources":[`)
+	ym.WriteString("resources:\n")
+	for i := range n {
+		if i > 0 {
+			js.WriteString(",")
+		}
+		fmt.Fprintf(&js, `{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"s%d","type":"EDS",`+
+			`"metadata":{"filterMetadata":{"io.cilium.l4lb":{"vip":"172.16.%d.%d","port":80}}}},`+
+			`{"@type":"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment","clusterName":"s%d",`+
+			`"endpoints":[{"lbEndpoints":[{"endpoint":{"address":{"socketAddress":{"address":"10.128.%d.%d","portValue":8080}}}}]}]}`,
+			i, i/256, i%256, i, i/256, i%256)
+		fmt.Fprintf(&ym, "- {'@type': type.googleapis.com/envoy.config.cluster.v3.Cluster, name: s%d, type: EDS, "+
+			"metadata: {filter_metadata: {io.cilium.l4lb: {vip: 172.16.%d.%d, port: 80}}}}\n"+
+			"- {'@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment, cluster_name: s%d, "+
+			"endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 10.128.%d.%d, port_value: 8080}}}}]}]}\n",
+			i, i/256, i%256, i, i/256, i%256)
+	}
+	js.WriteString("]}")
+	for _, f := range []struct{ form, data string }{{"json", js.String()}, {"yaml", ym.String()}} {
+		b.Run(f.form, func(b *testing.B) {
+			for b.Loop() {
+				res, err := ParseResources([]byte(f.data))
+				if err != nil || res.Len() != 2*n {
+					b.Fatalf("%d resources, %v", res.Len(), err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/(2*n), "µs/resource")
+		})
+	}
+}
