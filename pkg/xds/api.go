@@ -77,6 +77,8 @@ func InSlices(h Handler) Handler { return slicedHandler{h} }
 type slicedHandler struct{ Handler }
 
 // sliceBytes bounds the encoded resources decoded and delivered together to
-// an InSlices handler: about ten times that once decoded. (A variable for
-// the tests, which slice small responses.)
-var sliceBytes = 1 << 20
+// an InSlices handler: about ten times that once decoded. A few thousand
+// ClusterLoadAssignments: the datapath programs the first slice while the
+// client decodes the next. (A variable for the tests, which slice small
+// responses.)
+var sliceBytes = 256 << 10

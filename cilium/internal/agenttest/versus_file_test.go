@@ -38,9 +38,10 @@ import (
 // debounce; Cilium's --lb-state-file-interval set to the same). It prints
 // per run
 //
-//	BENCH versus-cilium-file side=xds|file shape=NxM seconds=… services_per_s=… heap_inuse_bytes_per_service=… agent_cpu_s=…
+//	BENCH versus-cilium-file side=xds|file shape=NxM seconds=… first_frontend_s=… services_per_s=… heap_inuse_bytes_per_service=… agent_cpu_s=…
 //
-// and per shape the medians of three runs and the ratios (xds over file):
+// (first_frontend_s: until a poll first saw one of the frontends, in any
+// state: the source's latency, before Cilium's reconciler) and per shape the medians of three runs and the ratios (xds over file):
 //
 //	BENCH versus-cilium-file shape=NxM runs=3 xds_services_per_s=… file_services_per_s=… ratio=… xds_heap_bytes_per_service=… file_heap_bytes_per_service=… heap_ratio=… xds_agent_cpu_s=… file_agent_cpu_s=…
 //
@@ -131,6 +132,7 @@ func versusFileSettings() ([]benchShape, int, error) {
 // fileRun is one run's figures.
 type fileRun struct {
 	elapsed    time.Duration
+	first      time.Duration // until the first frontend was seen
 	heapBefore int64
 	heapAfter  int64
 	cpu        time.Duration
@@ -143,8 +145,8 @@ func (f fileRun) heapPerService(sh benchShape) float64 {
 }
 
 func (f fileRun) line(side string, sh benchShape) string {
-	return fmt.Sprintf("BENCH versus-cilium-file side=%s shape=%s seconds=%.3f services_per_s=%.0f heap_inuse_bytes_per_service=%.0f agent_cpu_s=%.2f",
-		side, sh, f.elapsed.Seconds(), f.rate(sh), f.heapPerService(sh), f.cpu.Seconds())
+	return fmt.Sprintf("BENCH versus-cilium-file side=%s shape=%s seconds=%.3f first_frontend_s=%.3f services_per_s=%.0f heap_inuse_bytes_per_service=%.0f agent_cpu_s=%.2f",
+		side, sh, f.elapsed.Seconds(), f.first.Seconds(), f.rate(sh), f.heapPerService(sh), f.cpu.Seconds())
 }
 
 func versusFileLine(sh benchShape, xds, file []fileRun) string {
@@ -315,6 +317,7 @@ func measure(b *testing.B, env *agenttest.Env, sh benchShape, id string, put fun
 	prof := startProfiles(b, env, id)
 	start := time.Now()
 	put()
+	var first time.Duration
 	waitFor(b, fmt.Sprintf("%s frontends Done with %d backends each", sh, sh.M), 10*time.Minute, func() (bool, string) {
 		// The shell's protocol from here: cilium-dbg would add a process
 		// start to every poll.
@@ -328,9 +331,13 @@ func measure(b *testing.B, env *agenttest.Env, sh benchShape, id string, put fun
 		if err != nil {
 			b.Fatal(err)
 		}
+		if first == 0 && strings.Contains(out, " bench/") {
+			first = time.Since(start)
+		}
 		return done == sh.N, fmt.Sprintf("%d of %d", done, sh.N)
 	})
 	f.elapsed = time.Since(start)
+	f.first = first
 	f.cpu = processCPU(b, pid) - cpu
 	f.heapAfter = agentHeapInuse(b, env)
 	prof(sh)
