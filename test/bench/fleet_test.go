@@ -277,6 +277,14 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.
 			}
 		}
 		return true
+	}, func() string {
+		connected := 0
+		for _, n := range nodes {
+			if n.connected.Load() {
+				connected++
+			}
+		}
+		return fmt.Sprintf("%d of %d streams connected; %s", connected, len(nodes), dumpGoroutines(""))
 	})
 	for _, n := range nodes {
 		n.resync.Store(true)
@@ -371,9 +379,11 @@ func dumpGoroutines(health string) string {
 	if err != nil {
 		return err.Error()
 	}
-	server := filepath.Join(dir, "server-goroutines.txt")
-	if err := fetchProfile(health+"/debug/pprof/goroutine?debug=1", server); err != nil {
-		return err.Error()
+	if health != "" { // else the server is gone
+		server := filepath.Join(dir, "server-goroutines.txt")
+		if err := fetchProfile(health+"/debug/pprof/goroutine?debug=1", server); err != nil {
+			return err.Error()
+		}
 	}
 	f, err := os.Create(filepath.Join(dir, "clients-goroutines.txt"))
 	if err != nil {
