@@ -33,9 +33,11 @@ import (
 // userAgent is the node's user_agent_name.
 const userAgent = "l4xds"
 
-// keepaliveTime is how often an idle connection is probed. go-control-plane
-// servers refuse pings more frequent than 30s (too_many_pings).
-const keepaliveTime = 60 * time.Second
+// Keepalive is how the client probes its connection: every Time when idle
+// (go-control-plane servers refuse pings more frequent than 30s,
+// too_many_pings), closing it after Timeout without an answer. It is how a
+// client learns that a server died whose reset was lost.
+var Keepalive = keepalive.ClientParameters{Time: 60 * time.Second, Timeout: 20 * time.Second}
 
 // Client is an xDS client: one ADS stream to one server at a time, the
 // first of the list that delivers (fallback.go), reconnected for ever with
@@ -442,10 +444,7 @@ func (c *Client) dialOptions(srv *managementServer) []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.cfg.XDSMaxRecvMsgSize)),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{
-			Time:    keepaliveTime,
-			Timeout: 20 * time.Second,
-		}),
+		grpc.WithKeepaliveParams(Keepalive),
 		grpc.WithUserAgent(userAgent),
 	}
 }
