@@ -41,7 +41,8 @@ import (
 //	BENCH versus-cilium-file side=xds|file shape=NxM seconds=… first_frontend_s=… services_per_s=… heap_inuse_bytes_per_service=… agent_cpu_s=…
 //
 // (first_frontend_s: until a poll first saw one of the frontends, in any
-// state: the source's latency, before Cilium's reconciler) and per shape the medians of three runs and the ratios (xds over file):
+// state: the source's latency, before Cilium's reconciler) and per shape
+// the medians of three runs and the ratios (xds over file):
 //
 //	BENCH versus-cilium-file shape=NxM runs=3 xds_services_per_s=… file_services_per_s=… ratio=… xds_heap_bytes_per_service=… file_heap_bytes_per_service=… heap_ratio=… xds_agent_cpu_s=… file_agent_cpu_s=…
 //
