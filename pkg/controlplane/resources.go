@@ -153,10 +153,11 @@ func parseYAML(data []byte, o parseOptions) (Resources, error) {
 // then reads it and says what is wrong. The two make the same resources of
 // what both accept (FuzzParseResources).
 func parseJSON(data []byte, o parseOptions) (Resources, bool) {
-	data = bytes.TrimSpace(data)
-	// Past these, parseYAML's bounds may refuse what protojson takes: its
-	// budget spends less than one node per byte of JSON.
-	if len(data) == 0 || data[0] != '{' || len(data) > maxNodes || jsonDepth(data) > 64 {
+	// Only what YAML too reads as blank: a tab cannot start a line of YAML.
+	data = bytes.Trim(data, " \r\n")
+	// Past this size parseYAML's budget may refuse what protojson takes:
+	// it spends less than one node per byte of JSON.
+	if len(data) == 0 || data[0] != '{' || data[len(data)-1] != '}' || len(data) > maxNodes || !plainJSON(data) {
 		return nil, false
 	}
 	// The keys parseYAML allows beside "resources", whose value is a list.
@@ -202,25 +203,64 @@ func parseJSON(data []byte, o parseOptions) (Resources, bool) {
 	return res, true
 }
 
-// jsonDepth is the deepest nesting of objects and arrays in JSON data.
-func jsonDepth(data []byte) int {
-	depth, deepest, inString := 0, 0, false
+// plainJSON reports whether JSON data is of the plain kind that YAML reads
+// as protojson does. It errs towards parseYAML, answering false for
+//
+//   - bytes other than printable ASCII, tabs and line ends: YAML refuses
+//     some control characters and reads some separators as line breaks;
+//   - the escapes "\/" and "\u...": YAML lacks the first and refuses
+//     surrogates;
+//   - a key on another line than its colon, or of more than 1000 bytes (a
+//     YAML key ends within 1024 characters);
+//   - numbers of more than 15 digits, and "-0": YAML reads them as a
+//     float64 and as the integer 0, where protojson reads the digits;
+//   - nesting deeper than 64, well within parseYAML's bound.
+func plainJSON(data []byte) bool {
+	depth := 0
 	for i := 0; i < len(data); i++ {
 		switch c := data[i]; {
-		case inString && c == '\\':
-			i++
-		case c == '"':
-			inString = !inString
-		case inString:
+		case c >= 0x7f || c < ' ' && c != '\t' && c != '\n' && c != '\r':
+			return false
 		case c == '{' || c == '[':
-			if depth++; depth > deepest {
-				deepest = depth
+			if depth++; depth > 64 {
+				return false
 			}
 		case c == '}' || c == ']':
 			depth--
+		case c == '"':
+			start := i
+			for i++; i < len(data) && data[i] != '"'; i++ {
+				if data[i] >= 0x7f || data[i] < ' ' {
+					return false
+				}
+				if data[i] == '\\' {
+					if i++; i < len(data) && (data[i] == '/' || data[i] == 'u') {
+						return false
+					}
+				}
+			}
+			end := i + 1 // past the closing quote
+			j := end
+			for j < len(data) && bytes.IndexByte([]byte(" \t\r\n"), data[j]) >= 0 {
+				j++
+			}
+			if j < len(data) && data[j] == ':' && (end-start > 1000 || bytes.ContainsAny(data[end:j], "\r\n")) {
+				return false
+			}
+		case c == '-' || c >= '0' && c <= '9':
+			j, digits := i, 0
+			for ; j < len(data) && strings.IndexByte("+-.0123456789eE", data[j]) >= 0; j++ {
+				if data[j] >= '0' && data[j] <= '9' {
+					digits++
+				}
+			}
+			if digits > 15 || string(data[i:j]) == "-0" {
+				return false
+			}
+			i = j - 1
 		}
 	}
-	return deepest
+	return true
 }
 
 type parser struct {
