@@ -43,9 +43,10 @@ var Cell = cell.Module(
 // each Maglev table it writes waits for an RCU grace period: a service
 // written on CDS and again on EDS would be programmed twice when the
 // reconciler reaches it in between. Its endpoints nearly always follow the
-// cluster within a second; a cluster without them is written without
-// backends after this.
-const NewClusterWait = 2 * time.Second
+// cluster within a second, but a first state of 100000 endpoints takes
+// a few seconds to decode and write; a cluster without them is written
+// without backends after this.
+const NewClusterWait = 5 * time.Second
 
 // warnUnweighted says once at start-up when Cilium would ignore the xDS
 // weights: they take effect only with Maglev, which the sink asks for per
