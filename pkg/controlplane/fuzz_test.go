@@ -27,7 +27,7 @@ func FuzzParseResources(f *testing.F) {
 			if err != nil {
 				t.Fatalf("the JSON path took what the YAML path refuses: %v", err)
 			}
-			if !equalResources(fast, slow) {
+			if !sameResources(fast, slow, proto.Equal) {
 				t.Fatalf("the JSON path made other resources than the YAML path:\n%v\n%v", fast, slow)
 			}
 		}
@@ -78,19 +78,4 @@ func FuzzParseResources(f *testing.F) {
 			t.Fatalf("%d resources parsed again, %d first", again.Len(), res.Len())
 		}
 	})
-}
-
-// equalResources compares by value (resourcesEqual, by identity).
-func equalResources(a, b Resources) bool {
-	if a.Len() != b.Len() {
-		return false
-	}
-	for typeURL, byName := range a {
-		for name, msg := range byName {
-			if !proto.Equal(msg, b[typeURL][name]) {
-				return false
-			}
-		}
-	}
-	return true
 }

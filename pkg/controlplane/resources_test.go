@@ -394,7 +394,7 @@ func TestParseJSONTakesOnlyWholeGoodFiles(t *testing.T) {
 				t.Fatalf("taken by the JSON path: %v, want %v", taken, tc.taken)
 			}
 			slow, err := parseYAML([]byte(tc.file), parseOptions{})
-			if taken && (err != nil || !equalResources(fast, slow)) {
+			if taken && (err != nil || !sameResources(fast, slow, proto.Equal)) {
 				t.Fatalf("the YAML path: %v, %v; the JSON path: %v", slow, err, fast)
 			}
 		})
