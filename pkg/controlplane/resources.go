@@ -157,24 +157,26 @@ func parseJSON(data []byte, o parseOptions) (Resources, bool) {
 	data = bytes.Trim(data, " \r\n")
 	// Past this size parseYAML's budget may refuse what protojson takes:
 	// it spends less than one node per byte of JSON.
-	if len(data) == 0 || data[0] != '{' || data[len(data)-1] != '}' || len(data) > maxNodes || !plainJSON(data) {
+	if len(data) == 0 || data[0] != '{' || data[len(data)-1] != '}' || len(data) > maxNodes {
+		return nil, false
+	}
+	keys, plain := plainJSON(data)
+	if !plain {
 		return nil, false
 	}
 	// The keys parseYAML allows beside "resources", whose value is a list.
-	var top map[string]json.RawMessage
-	if json.Unmarshal(data, &top) != nil {
-		return nil, false
-	}
-	list, ok := top["resources"]
-	if !ok || len(list) == 0 || list[0] != '[' {
-		return nil, false
-	}
-	for key := range top {
-		switch key {
-		case "resources", "version_info", "versionInfo", "type_url", "typeUrl":
+	list := false
+	for _, k := range keys {
+		switch k.name {
+		case "resources":
+			list = k.value == '['
+		case "version_info", "versionInfo", "type_url", "typeUrl":
 		default:
 			return nil, false
 		}
+	}
+	if !list {
+		return nil, false
 	}
 	var file discovery.DiscoveryResponse
 	if protojson.Unmarshal(data, &file) != nil {
@@ -203,8 +205,16 @@ func parseJSON(data []byte, o parseOptions) (Resources, bool) {
 	return res, true
 }
 
-// plainJSON reports whether JSON data is of the plain kind that YAML reads
-// as protojson does. It errs towards parseYAML, answering false for
+// topKey is a key of the outermost object of JSON data, as written, and the
+// first byte of its value.
+type topKey struct {
+	name  string
+	value byte
+}
+
+// plainJSON returns the keys of the outermost object of JSON data (an
+// object), and whether the data is of the plain kind that YAML reads as
+// protojson does. It errs towards parseYAML, answering false for
 //
 //   - bytes other than printable ASCII, tabs and line ends: YAML refuses
 //     some control characters and reads some separators as line breaks;
@@ -215,15 +225,16 @@ func parseJSON(data []byte, o parseOptions) (Resources, bool) {
 //   - numbers of more than 15 digits, and "-0": YAML reads them as a
 //     float64 and as the integer 0, where protojson reads the digits;
 //   - nesting deeper than 64, well within parseYAML's bound.
-func plainJSON(data []byte) bool {
+func plainJSON(data []byte) ([]topKey, bool) {
+	var keys []topKey
 	depth := 0
 	for i := 0; i < len(data); i++ {
 		switch c := data[i]; {
 		case c >= 0x7f || c < ' ' && c != '\t' && c != '\n' && c != '\r':
-			return false
+			return nil, false
 		case c == '{' || c == '[':
 			if depth++; depth > 64 {
-				return false
+				return nil, false
 			}
 		case c == '}' || c == ']':
 			depth--
@@ -231,21 +242,26 @@ func plainJSON(data []byte) bool {
 			start := i
 			for i++; i < len(data) && data[i] != '"'; i++ {
 				if data[i] >= 0x7f || data[i] < ' ' {
-					return false
+					return nil, false
 				}
 				if data[i] == '\\' {
 					if i++; i < len(data) && (data[i] == '/' || data[i] == 'u') {
-						return false
+						return nil, false
 					}
 				}
 			}
 			end := i + 1 // past the closing quote
-			j := end
-			for j < len(data) && bytes.IndexByte([]byte(" \t\r\n"), data[j]) >= 0 {
-				j++
+			j := skipBlanks(data, end)
+			if j >= len(data) || data[j] != ':' {
+				break // a value, not a key
 			}
-			if j < len(data) && data[j] == ':' && (end-start > 1000 || bytes.ContainsAny(data[end:j], "\r\n")) {
-				return false
+			if end-start > 1000 || bytes.ContainsAny(data[end:j], "\r\n") {
+				return nil, false
+			}
+			if depth == 1 {
+				if v := skipBlanks(data, j+1); v < len(data) {
+					keys = append(keys, topKey{name: string(data[start+1 : i]), value: data[v]})
+				}
 			}
 		case c == '-' || c >= '0' && c <= '9':
 			j, digits := i, 0
@@ -255,12 +271,21 @@ func plainJSON(data []byte) bool {
 				}
 			}
 			if digits > 15 || string(data[i:j]) == "-0" {
-				return false
+				return nil, false
 			}
 			i = j - 1
 		}
 	}
-	return true
+	return keys, true
+}
+
+// skipBlanks is the index of the first byte of data from i on that is not
+// a JSON blank, len(data) if none.
+func skipBlanks(data []byte, i int) int {
+	for i < len(data) && strings.IndexByte(" \t\r\n", data[i]) >= 0 {
+		i++
+	}
+	return i
 }
 
 type parser struct {
