@@ -202,18 +202,24 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.
 		}
 		return true
 	}
+	connected := func() int {
+		c := 0
+		for _, n := range nodes {
+			if n.connected.Load() {
+				c++
+			}
+		}
+		return c
+	}
 	// progress says how far the fleet got, when a wait times out.
 	progress := func(round int) string {
-		var behind, connected int
+		behind := 0
 		for _, n := range nodes {
 			if n.round.Load() < int64(round) {
 				behind++
 			}
-			if n.connected.Load() {
-				connected++
-			}
 		}
-		return fmt.Sprintf("%d of %d streams lack round %d, %d connected; %s", behind, len(nodes), round, connected, dumpGoroutines(health))
+		return fmt.Sprintf("%d of %d streams lack round %d, %d connected; %s", behind, len(nodes), round, connected(), dumpGoroutines(health))
 	}
 	waitFleet(tb, "every stream synced", 5*time.Minute, func() bool { return synced(1) }, func() string { return progress(1) })
 	f := fleet{streams: streams, shape: s, memoryPerStream: memoryPerStream}
@@ -274,22 +280,11 @@ func measureFleet(tb testing.TB, streams int, s shape, changes int, settle time.
 	// established, the server's gone): such a client learns of the dead
 	// server from its keepalive, as an agent does.
 	cp.Kill()
-	waitFleet(tb, "every stream disconnected", xds.Keepalive.Time+xds.Keepalive.Timeout+30*time.Second, func() bool {
-		for _, n := range nodes {
-			if n.connected.Load() {
-				return false
-			}
-		}
-		return true
-	}, func() string {
-		connected := 0
-		for _, n := range nodes {
-			if n.connected.Load() {
-				connected++
-			}
-		}
-		return fmt.Sprintf("%d of %d streams connected; %s", connected, len(nodes), dumpGoroutines(""))
-	})
+	waitFleet(tb, "every stream disconnected", xds.Keepalive.Time+xds.Keepalive.Timeout+30*time.Second,
+		func() bool { return connected() == 0 },
+		func() string {
+			return fmt.Sprintf("%d of %d streams connected; %s", connected(), len(nodes), dumpGoroutines(""))
+		})
 	for _, n := range nodes {
 		n.resync.Store(true)
 	}
