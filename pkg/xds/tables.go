@@ -61,14 +61,15 @@ func (r *ResourceStatus) TableRow() []string {
 	return []string{ShortTypeName(r.TypeURL), r.Name, r.Version, string(r.State), r.Error, formatTime(r.Updated)}
 }
 
-// typeKeys shorten the primary key of the two types every agent watches:
-// each row keeps its key, and their URLs are 52 and 68 bytes. Any other
-// type keeps its URL, which holds a '/' and so is never one of these.
-var typeKeys = map[string]string{ClusterType: "C", EndpointType: "E"}
-
+// resourceKey shortens the type of the two types every agent watches to a
+// letter: each row keeps its key, and their URLs are 52 and 68 bytes. Any
+// other type keeps its URL, which holds a '/' and so is never a letter.
 func resourceKey(typeURL, name string) index.Key {
-	if k, ok := typeKeys[typeURL]; ok {
-		typeURL = k
+	switch typeURL {
+	case ClusterType:
+		typeURL = "C"
+	case EndpointType:
+		typeURL = "E"
 	}
 	return index.String(typeURL + " " + name)
 }
