@@ -95,16 +95,18 @@ kind_docker() {
 }
 
 # kind_report_failures LOG: the cluster's state is dumped after the
-# subtests; repeat where each failed test stopped (the end of its own
-# output, in go test -v's LOG) so that it is last.
+# subtests; repeat each failed test's own output (in go test -v's LOG) so
+# that it is last. A test's errors print as its logs do, so all of it is
+# shown: its first 30 lines and its last 20.
 kind_report_failures() {
 	local failed name
-	say "failed; the end of each failed test's output:"
+	say "failed; each failed test's output:"
 	failed=$(sed -n 's/^ *--- FAIL: \([^ ]*\) .*/\1/p' "$1")
 	for name in $failed; do
 		# A parent's failure is its children's: show the innermost.
 		awk -v p="$name/" 'index($0, p) == 1 { found = 1 } END { exit !found }' <<<"$failed" && continue
 		echo "--- $name"
-		awk -v n="$name" '$1 == "===" { on = ($3 == n) } /^ *--- (FAIL|PASS|SKIP)/ { on = 0 } on' "$1" | tail -8
+		awk -v n="$name" '$1 == "===" { on = ($3 == n) } /^ *--- (FAIL|PASS|SKIP)/ { on = 0 } on' "$1" |
+			awk '{ l[NR] = $0 } END { for (i = 1; i <= NR; i++) if (i <= 30 || i > NR - 20) print l[i]; else if (i == 31) print "    [" NR - 50 " lines]" }'
 	done
 }
