@@ -445,8 +445,11 @@ type traffic struct {
 	mu    sync.Mutex
 	flows int
 	fails map[string]int
-	errs  []error
-	names map[string]int
+	// failedAt are the batches that lost flows, with the time each ended:
+	// to set beside the cluster's events when the fault's cause is asked.
+	failedAt []string
+	errs     []error
+	names    map[string]int
 }
 
 func (c *cluster) startTraffic(t *testing.T, via ...node) *traffic {
@@ -500,6 +503,8 @@ func (c *cluster) startTrafficTo(t *testing.T, targets []target, via ...node) *t
 					if rest := r.failed() - counted; rest > 0 {
 						tr.fails[where] += rest
 					}
+					tr.failedAt = append(tr.failedAt, fmt.Sprintf("%s %s: %d of %d flows %v",
+						time.Now().UTC().Format("15:04:05.000"), where, r.failed(), r.Flows, r.Errors))
 					tr.mu.Unlock()
 				}
 			}
@@ -551,7 +556,7 @@ func expectNoFailures(t *testing.T, what string, tr *traffic) {
 		t.Errorf("%s: no flows ran", what)
 	}
 	if failed != 0 {
-		t.Errorf("%s: %d of %d flows failed: %v", what, failed, flows, fails)
+		t.Errorf("%s: %d of %d flows failed: %v; the batches (UTC):\n%s", what, failed, flows, fails, strings.Join(tr.failedAt, "\n"))
 	}
 }
 
