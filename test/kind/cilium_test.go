@@ -41,6 +41,7 @@ func TestKindCilium(t *testing.T) {
 
 	c.apply(t, fmt.Sprintf(backendsYAML, testNS, c.image))
 	c.apply(t, fmt.Sprintf(ewClientYAML, testNS, c.image))
+	c.apply(t, fmt.Sprintf(nodePortYAML, testNS))
 	c.kubectl(t, "-n", testNS, "rollout", "status", "deploy/backend", "--timeout", "3m")
 	c.kubectl(t, "-n", testNS, "wait", "--for=condition=Ready", "pod/ew-client", "--timeout", "3m")
 	b := c.backends(t)
@@ -99,11 +100,15 @@ func TestKindCilium(t *testing.T) {
 	t.Run("Cilium pod deleted", func(t *testing.T) {
 		before := c.ciliumPods(t)
 		worker := c.name + "-worker"
-		tr := c.startTraffic(t)
+		h := c.holdVia(t, c.nodeNamed(t, worker))
+		tr, own := c.startTraffic(t), c.startTrafficTo(t, ciliumOwnTargets)
 		c.kubectl(t, "-n", ciliumNS, "delete", "pod", before[worker], "--wait=true")
 		c.kubectl(t, "-n", ciliumNS, "rollout", "status", "ds/cilium", "--timeout", "5m")
 		after := c.waitCiliumReady(t, 5*time.Minute)
-		expectNoFailures(t, "a Cilium pod deleted and recreated", tr)
+		held := h.echoes()
+		expectLossesOfCiliumOnly(t, "a Cilium pod deleted and recreated", tr, own)
+		time.Sleep(2 * time.Second) // the held connection answers after it too
+		h.expectSurvived(t, c, "a connection held through "+worker+" across its Cilium pod's replacement", held)
 		if after[worker] == before[worker] {
 			t.Errorf("the Cilium pod on %s was not recreated", worker)
 		}
@@ -159,11 +164,16 @@ func TestKindCilium(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := c.ciliumPods(t)
-		tr := c.startTraffic(t)
+		cp := c.name + "-control-plane"
+		h := c.holdVia(t, c.nodeNamed(t, cp))
+		tr, own := c.startTraffic(t), c.startTrafficTo(t, ciliumOwnTargets)
 		c.must(t, "helm", "upgrade", "cilium", chart, "-n", ciliumNS, "-f", deltaValues, "--set", "rollOutCiliumPods=true", "--wait", "--timeout", "10m")
 		c.kubectl(t, "-n", ciliumNS, "rollout", "status", "ds/cilium", "--timeout", "5m")
 		after := c.waitCiliumReady(t, 5*time.Minute)
-		expectNoFailures(t, "helm upgrade rolling the Cilium agents", tr)
+		held := h.echoes()
+		expectLossesOfCiliumOnly(t, "helm upgrade rolling the Cilium agents", tr, own)
+		time.Sleep(2 * time.Second)
+		h.expectSurvived(t, c, "a connection held through "+cp+" across the rollout of both Cilium agents", held)
 		for nodeName, pod := range after {
 			if pod == before[nodeName] {
 				t.Errorf("the Cilium pod on %s did not roll", nodeName)
@@ -181,8 +191,64 @@ func TestKindCilium(t *testing.T) {
 	})
 }
 
+// ciliumOwnTargets are the NodePorts of nodePortYAML on each node: the
+// same backends served by Cilium's own Kubernetes source.
+var ciliumOwnTargets = []target{{":30306", "tcp"}, {":30777", "udp"}}
+
+// ciliumRestartSlack bounds the new flows the xDS VIPs may lose while
+// Cilium's agents restart: at most twice what Cilium's own NodePort Service
+// of the same backends, probed beside them through the same nodes, lost,
+// and this many more. Cilium's datapath loses an occasional new flow then,
+// to its own Service as to ours and at the same moments (here in 2 of 40
+// rollouts: 1 and 2 TCP flows of each through the same node; 6 flows once
+// under heavy load), one stream or the other as it happens. What the cell could get wrong in a restart (services pruned
+// before the xDS state is back, frontends without backends) loses every
+// flow through the node while it lasts: about 200 a second.
+const ciliumRestartSlack = 3
+
+// expectLossesOfCiliumOnly ends the traffic to the xDS VIPs (ours) and to
+// Cilium's own Service (own) of a fault that restarts Cilium's agents, and
+// asserts that ours lost no more than Cilium's restart explains.
+func expectLossesOfCiliumOnly(t *testing.T, what string, ours, own *traffic) {
+	t.Helper()
+	failed := ours.report(t, what)
+	ownFailed := own.report(t, what+", Cilium's own NodePort Service")
+	switch {
+	case failed > 2*ownFailed+ciliumRestartSlack:
+		t.Errorf("%s: the xDS VIPs lost %d flows, Cilium's own Service %d: more than Cilium's restart explains (2×%d+%d): %s\nCilium's own Service: %s",
+			what, failed, ownFailed, ownFailed, ciliumRestartSlack, ours.failures(), own.failures())
+	case failed > 0:
+		t.Logf("%s: the xDS VIPs lost %d flows while Cilium's agents restarted, Cilium's own Service %d: %s\nCilium's own Service: %s",
+			what, failed, ownFailed, ours.failures(), own.failures())
+	}
+}
+
+// nodeNamed is the node of that name.
+func (c *cluster) nodeNamed(t *testing.T, name string) node {
+	t.Helper()
+	for _, n := range c.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	t.Fatalf("no node %s among %+v", name, c.nodes)
+	return node{}
+}
+
+// heldVIP is an xDS service of both backends for the connections held
+// across the faults: the client's route to it stays on one node, where the
+// traffic's routes to the other VIPs alternate.
+const heldVIP = "10.1.2.4:3306"
+
+// holdVia opens a connection to heldVIP through n, held until the test says.
+func (c *cluster) holdVia(t *testing.T, n node) *heldConn {
+	t.Helper()
+	c.must(t, "docker", "exec", c.client, "ip", "route", "replace", host(heldVIP)+"/32", "via", n.ip)
+	return c.hold(t, heldVIP)
+}
+
 // ciliumResources are the xDS resources: the docs' trial service on TCP 3306
-// over both backends, and a UDP service weighted 70/30.
+// over both backends, a UDP service weighted 70/30, and heldVIP's.
 func ciliumResources(b []backend) string {
 	return fmt.Sprintf(`resource:
   '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
@@ -219,7 +285,24 @@ resource:
       load_balancing_weight: 70
     - endpoint: {address: {socket_address: {address: %[2]s, port_value: 7777}}}
       load_balancing_weight: 30
-`, b[0].ip, b[1].ip)
+---
+resource:
+  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
+  name: held
+  metadata:
+    filter_metadata:
+      io.cilium.l4lb: {vip: "%[3]s", port: 3306, protocol: TCP}
+  type: EDS
+  eds_cluster_config: {service_name: held}
+---
+resource:
+  '@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment
+  cluster_name: held
+  endpoints:
+  - lb_endpoints:
+    - endpoint: {address: {socket_address: {address: %[1]s, port_value: 3306}}}
+    - endpoint: {address: {socket_address: {address: %[2]s, port_value: 3306}}}
+`, b[0].ip, b[1].ip, host(heldVIP))
 }
 
 func indent(s, prefix string) string {
@@ -422,6 +505,20 @@ spec:
   selector: {app: backend}
   ports:
   - {name: tcp, port: 3306, protocol: TCP}
+`
+
+// A NodePort Service of the same backends, on the xDS services' ports:
+// Cilium's own source, probed beside the xDS VIPs while Cilium's agents
+// restart.
+const nodePortYAML = `apiVersion: v1
+kind: Service
+metadata: {name: backend-nodeport, namespace: %[1]s}
+spec:
+  type: NodePort
+  selector: {app: backend}
+  ports:
+  - {name: tcp, port: 3306, nodePort: 30306, protocol: TCP}
+  - {name: udp, port: 7777, nodePort: 30777, protocol: UDP}
 `
 
 // The reference control plane serving the resources file from a ConfigMap,

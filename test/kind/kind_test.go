@@ -457,7 +457,17 @@ func (c *cluster) startTraffic(t *testing.T, via ...node) *traffic {
 }
 
 // target is a VIP:port the traffic probes, and its protocol (tcp, udp).
+// A vip of ":port" is that port of each node's own address (a NodePort),
+// reached without a route of the client's.
 type target struct{ vip, proto string }
+
+// at is the address the target is probed at through n.
+func (p target) at(n node) string {
+	if strings.HasPrefix(p.vip, ":") {
+		return n.ip + p.vip
+	}
+	return p.vip
+}
 
 // startTrafficTo is startTraffic through the VIPs of targets.
 func (c *cluster) startTrafficTo(t *testing.T, targets []target, via ...node) *traffic {
@@ -482,18 +492,21 @@ func (c *cluster) startTrafficTo(t *testing.T, targets []target, via ...node) *t
 			n := via[i%len(via)]
 			for _, p := range targets {
 				ip, _, _ := strings.Cut(p.vip, ":")
+				if ip == "" {
+					continue
+				}
 				if _, err := c.run("docker", "exec", c.client, "ip", "route", "replace", ip+"/32", "via", n.ip); err != nil {
 					tr.add(nil, err)
 				}
 			}
 			for _, p := range targets {
-				r, err := c.probe(p.vip, p.proto, 100)
+				r, err := c.probe(p.at(n), p.proto, 100)
 				tr.add(&r, err)
 				if err == nil && r.failed() > 0 {
 					// By kind: refused or unreachable is a datapath
 					// without the service's backends, a timeout a flow
 					// lost or a starved machine.
-					where := fmt.Sprintf("%s %s via %s", p.proto, p.vip, n.name)
+					where := fmt.Sprintf("%s %s via %s", p.proto, p.at(n), n.name)
 					tr.mu.Lock()
 					counted := 0
 					for kind, k := range r.Errors {
@@ -547,6 +560,15 @@ func (tr *traffic) end() (flows, failed int, fails, names map[string]int, errs [
 // expectNoFailures ends tr and asserts that every flow was answered.
 func expectNoFailures(t *testing.T, what string, tr *traffic) {
 	t.Helper()
+	if failed := tr.report(t, what); failed != 0 {
+		t.Errorf("%s: %s", what, tr.failures())
+	}
+}
+
+// report ends tr, logs its figures and asserts that it ran; it returns the
+// flows that failed.
+func (tr *traffic) report(t *testing.T, what string) (failed int) {
+	t.Helper()
 	flows, failed, fails, names, errs := tr.end()
 	t.Logf("%s: %d flows, %d failed %v, answered by %v", what, flows, failed, fails, names)
 	if len(errs) > 0 {
@@ -555,9 +577,13 @@ func expectNoFailures(t *testing.T, what string, tr *traffic) {
 	if flows == 0 {
 		t.Errorf("%s: no flows ran", what)
 	}
-	if failed != 0 {
-		t.Errorf("%s: %d of %d flows failed: %v; the batches (UTC):\n%s", what, failed, flows, fails, strings.Join(tr.failedAt, "\n"))
-	}
+	return failed
+}
+
+// failures says which flows of an ended tr failed, and when.
+func (tr *traffic) failures() string {
+	flows, failed, fails, _, _ := tr.end()
+	return fmt.Sprintf("%d of %d flows failed: %v; the batches (UTC):\n%s", failed, flows, fails, strings.Join(tr.failedAt, "\n"))
 }
 
 // checkTraffic asserts the splits of both services through each node.
@@ -907,39 +933,7 @@ func lastLines(s string, n int) string {
 func (c *cluster) agentDeleted(t *testing.T) {
 	n := c.nodes[1]
 	c.route(t, n)
-	hold := exec.Command("docker", "exec", c.client, "l4xds-traffic", "hold", "--to", tcpVIP, "--interval", "100ms")
-	stdout, err := hold.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := hold.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var lines []string
-	scanned := make(chan struct{})
-	go func() {
-		defer close(scanned)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			mu.Lock()
-			lines = append(lines, sc.Text())
-			mu.Unlock()
-		}
-	}()
-	echoes := func() (ok, fail int) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, l := range lines {
-			switch {
-			case strings.HasPrefix(l, "ok "):
-				ok++
-			case strings.HasPrefix(l, "fail"):
-				fail++
-			}
-		}
-		return ok, fail
-	}
+	h := c.hold(t, tcpVIP)
 	time.Sleep(2 * time.Second)
 	// New flows through the same node only: the held connection's packets
 	// must keep going through the node whose agent is replaced.
@@ -951,26 +945,101 @@ func (c *cluster) agentDeleted(t *testing.T) {
 	if agents[n.name].uid == old.uid {
 		t.Fatalf("agent on %s not replaced", n.name)
 	}
-	okBefore, _ := echoes()
+	okBefore := h.echoes()
 	time.Sleep(3 * time.Second)
-	okAfter, fail := echoes()
 	expectNoFailures(t, "agent pod deleted and recreated", tr)
+	h.expectSurvived(t, c, "the held connection via "+n.name+" across the agent's replacement", okBefore)
+}
 
-	// Stop the held connection; the docker exec ends with it.
-	if _, err := c.run("docker", "exec", c.client, "pkill", "-INT", "-f", "l4xds-traffic hold"); err != nil {
-		t.Logf("stopping hold: %v", err)
+// heldConn is a long-lived TCP connection of the client's to a VIP
+// (l4xds-traffic hold), one echo every 100 ms until it is ended.
+type heldConn struct {
+	cmd *exec.Cmd
+	// pid is l4xds-traffic's in the client's container: the one process
+	// end signals.
+	pid     string
+	once    sync.Once
+	mu      sync.Mutex
+	lines   []string
+	scanned chan struct{}
+}
+
+// hold opens a held connection to vip, ended when the test ends if not
+// before.
+func (c *cluster) hold(t *testing.T, vip string) *heldConn {
+	t.Helper()
+	h := &heldConn{scanned: make(chan struct{})}
+	// The shell says its PID and becomes l4xds-traffic.
+	h.cmd = exec.Command("docker", "exec", c.client, "sh", "-c",
+		`echo "$$"; exec l4xds-traffic hold --to "$1" --interval 100ms`, "sh", vip)
+	stdout, err := h.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
 	}
-	_ = hold.Wait()
-	<-scanned
-	mu.Lock()
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() {
+		_ = h.cmd.Wait()
+		t.Fatalf("l4xds-traffic hold --to %s in %s did not start: %v", vip, c.client, sc.Err())
+	}
+	h.pid = sc.Text()
+	go func() {
+		defer close(h.scanned)
+		for sc.Scan() {
+			h.mu.Lock()
+			h.lines = append(h.lines, sc.Text())
+			h.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { h.end(c) })
+	return h
+}
+
+// echoes counts the echoes answered so far.
+func (h *heldConn) echoes() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return countPrefix(h.lines, "ok ")
+}
+
+func countPrefix(lines []string, prefix string) (n int) {
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// end stops the connection (SIGINT to its PID; it may have ended on its
+// own) and returns what it printed; once or more.
+func (h *heldConn) end(c *cluster) []string {
+	h.once.Do(func() {
+		_, _ = c.run("docker", "exec", c.client, "sh", "-c", `kill -INT "$1"`, "sh", h.pid)
+		_ = h.cmd.Wait()
+		<-h.scanned
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lines
+}
+
+// expectSurvived ends the connection and asserts that it was established,
+// that no echo failed and that it answered after okBefore echoes (those
+// counted when the fault ended).
+func (h *heldConn) expectSurvived(t *testing.T, c *cluster, what string, okBefore int) {
+	t.Helper()
+	lines := h.end(c)
 	first := ""
 	if len(lines) > 0 {
 		first = lines[0]
 	}
-	mu.Unlock()
-	t.Logf("held connection via %s (%s): %d echoes before the new agent was Ready, %d in all, %d failed", n.name, first, okBefore, okAfter, fail)
-	if !strings.HasPrefix(first, "connected ") || fail != 0 || okAfter <= okBefore {
-		t.Errorf("the established connection did not survive the agent's replacement: %s", lastLines(strings.Join(lines, "\n"), 5))
+	ok, fail := countPrefix(lines, "ok "), countPrefix(lines, "fail")
+	t.Logf("%s (%s): %d echoes when the fault ended, %d in all, %d failed", what, first, okBefore, ok, fail)
+	if !strings.HasPrefix(first, "connected ") || fail != 0 || ok <= okBefore {
+		t.Errorf("%s: the established connection did not survive: %s", what, lastLines(strings.Join(lines, "\n"), 5))
 	}
 }
 
