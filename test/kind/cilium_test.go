@@ -100,15 +100,11 @@ func TestKindCilium(t *testing.T) {
 	t.Run("Cilium pod deleted", func(t *testing.T) {
 		before := c.ciliumPods(t)
 		worker := c.name + "-worker"
-		h := c.holdVia(t, c.nodeNamed(t, worker))
 		tr, own := c.startTraffic(t), c.startTrafficTo(t, ciliumOwnTargets)
 		c.kubectl(t, "-n", ciliumNS, "delete", "pod", before[worker], "--wait=true")
 		c.kubectl(t, "-n", ciliumNS, "rollout", "status", "ds/cilium", "--timeout", "5m")
 		after := c.waitCiliumReady(t, 5*time.Minute)
-		held := h.echoes()
 		expectLossesOfCiliumOnly(t, "a Cilium pod deleted and recreated", tr, own)
-		time.Sleep(2 * time.Second) // the held connection answers after it too
-		h.expectSurvived(t, c, "a connection held through "+worker+" across its Cilium pod's replacement", held)
 		if after[worker] == before[worker] {
 			t.Errorf("the Cilium pod on %s was not recreated", worker)
 		}
@@ -164,16 +160,11 @@ func TestKindCilium(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := c.ciliumPods(t)
-		cp := c.name + "-control-plane"
-		h := c.holdVia(t, c.nodeNamed(t, cp))
 		tr, own := c.startTraffic(t), c.startTrafficTo(t, ciliumOwnTargets)
 		c.must(t, "helm", "upgrade", "cilium", chart, "-n", ciliumNS, "-f", deltaValues, "--set", "rollOutCiliumPods=true", "--wait", "--timeout", "10m")
 		c.kubectl(t, "-n", ciliumNS, "rollout", "status", "ds/cilium", "--timeout", "5m")
 		after := c.waitCiliumReady(t, 5*time.Minute)
-		held := h.echoes()
 		expectLossesOfCiliumOnly(t, "helm upgrade rolling the Cilium agents", tr, own)
-		time.Sleep(2 * time.Second)
-		h.expectSurvived(t, c, "a connection held through "+cp+" across the rollout of both Cilium agents", held)
 		for nodeName, pod := range after {
 			if pod == before[nodeName] {
 				t.Errorf("the Cilium pod on %s did not roll", nodeName)
@@ -201,9 +192,10 @@ var ciliumOwnTargets = []target{{":30306", "tcp"}, {":30777", "udp"}}
 // and this many more. Cilium's datapath loses an occasional new flow then,
 // to its own Service as to ours and at the same moments (here in 2 of 40
 // rollouts: 1 and 2 TCP flows of each through the same node; 6 flows once
-// under heavy load), one stream or the other as it happens. What the cell could get wrong in a restart (services pruned
-// before the xDS state is back, frontends without backends) loses every
-// flow through the node while it lasts: about 200 a second.
+// under heavy load), one stream or the other as it happens. What the cell
+// could get wrong in a restart (services pruned before the xDS state is
+// back, frontends without backends) loses every flow through the node
+// while it lasts: about 200 a second.
 const ciliumRestartSlack = 3
 
 // expectLossesOfCiliumOnly ends the traffic to the xDS VIPs (ours) and to
@@ -223,32 +215,8 @@ func expectLossesOfCiliumOnly(t *testing.T, what string, ours, own *traffic) {
 	}
 }
 
-// nodeNamed is the node of that name.
-func (c *cluster) nodeNamed(t *testing.T, name string) node {
-	t.Helper()
-	for _, n := range c.nodes {
-		if n.name == name {
-			return n
-		}
-	}
-	t.Fatalf("no node %s among %+v", name, c.nodes)
-	return node{}
-}
-
-// heldVIP is an xDS service of both backends for the connections held
-// across the faults: the client's route to it stays on one node, where the
-// traffic's routes to the other VIPs alternate.
-const heldVIP = "10.1.2.4:3306"
-
-// holdVia opens a connection to heldVIP through n, held until the test says.
-func (c *cluster) holdVia(t *testing.T, n node) *heldConn {
-	t.Helper()
-	c.must(t, "docker", "exec", c.client, "ip", "route", "replace", host(heldVIP)+"/32", "via", n.ip)
-	return c.hold(t, heldVIP)
-}
-
 // ciliumResources are the xDS resources: the docs' trial service on TCP 3306
-// over both backends, a UDP service weighted 70/30, and heldVIP's.
+// over both backends, and a UDP service weighted 70/30.
 func ciliumResources(b []backend) string {
 	return fmt.Sprintf(`resource:
   '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
@@ -285,24 +253,7 @@ resource:
       load_balancing_weight: 70
     - endpoint: {address: {socket_address: {address: %[2]s, port_value: 7777}}}
       load_balancing_weight: 30
----
-resource:
-  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster
-  name: held
-  metadata:
-    filter_metadata:
-      io.cilium.l4lb: {vip: "%[3]s", port: 3306, protocol: TCP}
-  type: EDS
-  eds_cluster_config: {service_name: held}
----
-resource:
-  '@type': type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment
-  cluster_name: held
-  endpoints:
-  - lb_endpoints:
-    - endpoint: {address: {socket_address: {address: %[1]s, port_value: 3306}}}
-    - endpoint: {address: {socket_address: {address: %[2]s, port_value: 3306}}}
-`, b[0].ip, b[1].ip, host(heldVIP))
+`, b[0].ip, b[1].ip)
 }
 
 func indent(s, prefix string) string {
