@@ -192,10 +192,9 @@ var ciliumOwnTargets = []target{{":30306", "tcp"}, {":30777", "udp"}}
 // and this many more. Cilium's datapath loses an occasional new flow then,
 // to its own Service as to ours and at the same moments (here in 2 of 40
 // rollouts: 1 and 2 TCP flows of each through the same node; 6 flows once
-// under heavy load), one stream or the other as it happens. What the cell
-// could get wrong in a restart (services pruned before the xDS state is
-// back, frontends without backends) loses every flow through the node
-// while it lasts: about 200 a second.
+// under heavy load), one stream or the other as it happens. A service of
+// the cell's gone or without backends for a moment loses every flow
+// through the node while it lasts: about 200 a second.
 const ciliumRestartSlack = 3
 
 // expectLossesOfCiliumOnly ends the traffic to the xDS VIPs (ours) and to
