@@ -461,9 +461,12 @@ func (c *cluster) startTraffic(t *testing.T, via ...node) *traffic {
 // reached without a route of the client's.
 type target struct{ vip, proto string }
 
+// onNode says whether the target is a port of each node's own address.
+func (p target) onNode() bool { return strings.HasPrefix(p.vip, ":") }
+
 // at is the address the target is probed at through n.
 func (p target) at(n node) string {
-	if strings.HasPrefix(p.vip, ":") {
+	if p.onNode() {
 		return n.ip + p.vip
 	}
 	return p.vip
@@ -491,10 +494,10 @@ func (c *cluster) startTrafficTo(t *testing.T, targets []target, via ...node) *t
 			// alternate batches through each node.
 			n := via[i%len(via)]
 			for _, p := range targets {
-				ip, _, _ := strings.Cut(p.vip, ":")
-				if ip == "" {
+				if p.onNode() {
 					continue
 				}
+				ip, _, _ := strings.Cut(p.vip, ":")
 				if _, err := c.run("docker", "exec", c.client, "ip", "route", "replace", ip+"/32", "via", n.ip); err != nil {
 					tr.add(nil, err)
 				}
