@@ -52,6 +52,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -429,6 +430,25 @@ func (e *Env) AgentPID() int {
 		return 0
 	}
 	return e.agent.Cmd.Process.Pid
+}
+
+// CgroupCPU is the CPU time the agent's cgroup has used so far: the agent
+// and what it runs (clang compiling its datapath), from cpu.stat.
+func (e *Env) CgroupCPU() (time.Duration, error) {
+	data, err := os.ReadFile(filepath.Join(e.cgroup, "cpu.stat"))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			us, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: %w", filepath.Join(e.cgroup, "cpu.stat"), err)
+			}
+			return time.Duration(us) * time.Microsecond, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no usage_usec", filepath.Join(e.cgroup, "cpu.stat"))
 }
 
 // AgentOutput is what the running agent printed so far.

@@ -31,17 +31,20 @@ import (
 // the reference control plane, with the same N services of M backends,
 // Maglev on both (the Services' annotation, the cell's own). Each run is a
 // fresh agent in its own namespaces. The input starts empty; once the agent
-// has synchronised that, the full input is renamed into place, and the run
+// has synchronised that and is idle (its cgroup under a tenth of a core for
+// two seconds: a new agent compiles its datapath after it is ready), the
+// full input is renamed into place, and the run
 // is timed from the rename until every one of the N frontends is Done
 // (reconciled into Cilium's BPF maps) with its M backends. Both sources
 // wait 100 ms for their file to settle (the control plane's fixed
 // debounce; Cilium's --lb-state-file-interval set to the same). It prints
 // per run
 //
-//	BENCH versus-cilium-file side=xds|file shape=NxM seconds=… first_frontend_s=… services_per_s=… heap_inuse_bytes_per_service=… agent_cpu_s=…
+//	BENCH versus-cilium-file side=xds|file shape=NxM seconds=… first_frontend_s=… services_per_s=… heap_inuse_bytes_per_service=… agent_cpu_s=… idle_after_s=…
 //
 // (first_frontend_s: until a poll first saw one of the frontends, in any
-// state: the source's latency, before Cilium's reconciler) and per shape
+// state: the source's latency, before Cilium's reconciler; idle_after_s:
+// the wait for an idle agent before the input) and per shape
 // the medians of three runs and the ratios (xds over file):
 //
 //	BENCH versus-cilium-file shape=NxM runs=3 xds_services_per_s=… file_services_per_s=… ratio=… xds_heap_bytes_per_service=… file_heap_bytes_per_service=… heap_ratio=… xds_agent_cpu_s=… file_agent_cpu_s=…
@@ -132,6 +135,7 @@ func versusFileSettings() ([]benchShape, int, error) {
 
 // fileRun is one run's figures.
 type fileRun struct {
+	settle     time.Duration // the wait for an idle agent, before
 	elapsed    time.Duration
 	first      time.Duration // until the first frontend was seen
 	heapBefore int64
@@ -146,8 +150,8 @@ func (f fileRun) heapPerService(sh benchShape) float64 {
 }
 
 func (f fileRun) line(side string, sh benchShape) string {
-	return fmt.Sprintf("BENCH versus-cilium-file side=%s shape=%s seconds=%.3f first_frontend_s=%.3f services_per_s=%.0f heap_inuse_bytes_per_service=%.0f agent_cpu_s=%.2f",
-		side, sh, f.elapsed.Seconds(), f.first.Seconds(), f.rate(sh), f.heapPerService(sh), f.cpu.Seconds())
+	return fmt.Sprintf("BENCH versus-cilium-file side=%s shape=%s seconds=%.3f first_frontend_s=%.3f services_per_s=%.0f heap_inuse_bytes_per_service=%.0f agent_cpu_s=%.2f idle_after_s=%.1f",
+		side, sh, f.elapsed.Seconds(), f.first.Seconds(), f.rate(sh), f.heapPerService(sh), f.cpu.Seconds(), f.settle.Seconds())
 }
 
 func versusFileLine(sh benchShape, xds, file []fileRun) string {
@@ -313,6 +317,7 @@ func runXDSSide(b *testing.B, bin, cp string, sh benchShape, id string) fileRun 
 func measure(b *testing.B, env *agenttest.Env, sh benchShape, id string, put func()) fileRun {
 	pid := env.AgentPID()
 	var f fileRun
+	f.settle = waitIdle(b, env)
 	f.heapBefore = agentHeapInuse(b, env)
 	cpu := processCPU(b, pid)
 	prof := startProfiles(b, env, id)
@@ -343,6 +348,40 @@ func measure(b *testing.B, env *agenttest.Env, sh benchShape, id string, put fun
 	f.heapAfter = agentHeapInuse(b, env)
 	prof(sh)
 	return f
+}
+
+// waitIdle waits until the agent's cgroup has used under a tenth of a core
+// for two seconds, and returns how long that took. A new agent compiles its
+// datapath (clang, for seconds on this machine's two cores) after it reports
+// ready and after the sources synchronise: measured then, a source would be
+// timed against the compiler's share of the CPU, which falls on either side
+// as the two happen to overlap.
+func waitIdle(tb testing.TB, env *agenttest.Env) time.Duration {
+	tb.Helper()
+	const (
+		window  = 2 * time.Second
+		maxBusy = window / 10
+		timeout = 3 * time.Minute
+	)
+	start := time.Now()
+	last, err := env.CgroupCPU()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for {
+		time.Sleep(window)
+		now, err := env.CgroupCPU()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if now-last < maxBusy {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			tb.Fatalf("the agent was not idle within %s: its cgroup used %s of CPU in the last %s", timeout, now-last, window)
+		}
+		last = now
+	}
 }
 
 // doneFrontends counts the rows of `db/show frontends
