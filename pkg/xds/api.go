@@ -66,7 +66,7 @@ func (f HandlerFunc) HandleUpdate(ctx context.Context, u Update) map[string]erro
 // their own, whatever else the response carries (EDS: a
 // ClusterLoadAssignment is one service's backends). The client then decodes
 // and delivers a large response a slice at a time (sliceBytes of encoded
-// resources, in the response's order) instead of decoding it whole: the
+// resources or less, in the response's order) instead of decoding it whole: the
 // decoded messages of a million endpoints would otherwise all be on the
 // heap at once. Each slice is one call of h; every resource is still in
 // exactly one call, whole. Removals and the offers of earlier rejected
@@ -79,6 +79,9 @@ type slicedHandler struct{ Handler }
 // sliceBytes bounds the encoded resources decoded and delivered together to
 // an InSlices handler: about ten times that once decoded. A few thousand
 // ClusterLoadAssignments: the datapath programs the first slice while the
-// client decodes the next. (A variable for the tests, which slice small
-// responses.)
-var sliceBytes = 256 << 10
+// client decodes the next. The first slice of a response is
+// firstSliceBytes, and each next one twice the last, up to sliceBytes: the
+// datapath starts on the first few hundred services at once instead of
+// after the first few thousand, and a large response still takes few
+// slices. (Variables for the tests, which slice small responses.)
+var sliceBytes, firstSliceBytes = 256 << 10, 16 << 10

@@ -9,11 +9,18 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// SetSliceBytes sets the slice size of InSlices handlers until the test ends.
+// SetSliceBytes sets the slice size of InSlices handlers until the test
+// ends: the first slice of a response as the others.
 func SetSliceBytes(t interface{ Cleanup(func()) }, n int) {
-	old := sliceBytes
-	sliceBytes = n
-	t.Cleanup(func() { sliceBytes = old })
+	setSliceBytes(t, n, n)
+}
+
+// setSliceBytes sets the size of the first slice of a response and the
+// most a slice grows to, until the test ends.
+func setSliceBytes(t interface{ Cleanup(func()) }, first, most int) {
+	oldFirst, oldMost := firstSliceBytes, sliceBytes
+	firstSliceBytes, sliceBytes = first, most
+	t.Cleanup(func() { firstSliceBytes, sliceBytes = oldFirst, oldMost })
 }
 
 // Driver drives a Client by hand for the tests of package xds_test (the

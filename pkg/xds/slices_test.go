@@ -4,6 +4,7 @@ package xds
 
 import (
 	"slices"
+	"strconv"
 	"testing"
 )
 
@@ -72,3 +73,34 @@ func calls(us []Update) [][]string {
 }
 
 func sameCalls(got, want [][]string) bool { return slices.EqualFunc(got, want, slices.Equal[[]string]) }
+
+// TestInSlicesGrow: a response's first slice is the smallest, each next
+// one twice the last up to the most, so that the handler gets the first
+// resources soon and a large response in few calls.
+func TestInSlicesGrow(t *testing.T) {
+	rc := newRuleClient(t, ProtocolSotW)
+	rc.types[EndpointType].sliced = true
+	var names []string
+	var res []rawResource
+	for i := range 10 { // names of one length: resources of one size
+		n := "e" + strconv.Itoa(i)
+		names = append(names, n)
+		res = append(res, rc.cla(n, 0))
+	}
+	size := len(res[0].any.GetValue())
+	for _, r := range res {
+		if len(r.any.GetValue()) != size {
+			t.Fatalf("resources of %d and %d bytes, want one size", size, len(r.any.GetValue()))
+		}
+	}
+	setSliceBytes(t, size, 4*size)
+	rc.setNames(names...)
+	rc.respond(EndpointType, "1", nil, res...)
+	var got []int
+	for _, u := range rc.eps.updates {
+		got = append(got, len(u.Upserted))
+	}
+	if want := []int{1, 2, 4, 3}; !slices.Equal(got, want) {
+		t.Errorf("slices of %v resources, want %v", got, want)
+	}
+}

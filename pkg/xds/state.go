@@ -165,8 +165,10 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 	ts.pendingNack = nil
 
 	a := newApplied(time.Now(), c.cfg.XDSProtocol == ProtocolDelta, len(resp.resources))
+	size := min(firstSliceBytes, sliceBytes)
 	for lo := 0; lo < len(resp.resources); {
-		hi := ts.sliceEnd(resp.resources, lo)
+		hi := ts.sliceEnd(resp.resources, lo, size)
+		size = min(2*size, sliceBytes)
 		c.decode(ts, resp.resources[lo:hi], lo, resp.typeURL, a)
 		if hi < len(resp.resources) {
 			c.deliverSlice(ctx, ts, a)
@@ -236,14 +238,14 @@ func newApplied(now time.Time, delta bool, n int) *applied {
 }
 
 // sliceEnd is where the slice of resources starting at lo ends: the whole
-// response, or sliceBytes of it for an InSlices handler.
-func (ts *typeState) sliceEnd(resources []rawResource, lo int) int {
+// response, or size bytes of it for an InSlices handler.
+func (ts *typeState) sliceEnd(resources []rawResource, lo, size int) int {
 	if !ts.sliced {
 		return len(resources)
 	}
 	n := 0
 	for i := lo; i < len(resources); i++ {
-		if n += len(resources[i].any.GetValue()); n >= sliceBytes {
+		if n += len(resources[i].any.GetValue()); n >= size {
 			return i + 1
 		}
 	}
