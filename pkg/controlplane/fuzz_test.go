@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -18,7 +19,8 @@ import (
 // must never panic; an error names the document; and what it accepts, every
 // resource named, written back as a file of `resource:` documents, parses
 // to the same resources. What the JSON path takes, the YAML path takes
-// too, with the same resources.
+// too, with the same resources; a list it splits reads a resource at a
+// time as it does whole.
 func FuzzParseResources(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		res, err := ParseResources(data)
@@ -31,6 +33,7 @@ func FuzzParseResources(f *testing.F) {
 				t.Fatalf("the JSON path made other resources than the YAML path:\n%v\n%v", fast, slow)
 			}
 		}
+		checkResourceList(t, data)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "document ") {
 				t.Fatalf("error %q does not start with the document", err)
@@ -78,4 +81,39 @@ func FuzzParseResources(f *testing.F) {
 			t.Fatalf("%d resources parsed again, %d first", again.Len(), res.Len())
 		}
 	})
+}
+
+// checkResourceList: when parseJSON would split data's list, protojson
+// reads the elements one at a time as it reads the whole file: the same
+// resources, or an error either way.
+func checkResourceList(t *testing.T, data []byte) {
+	data = bytes.Trim(data, " \r\n")
+	if len(data) == 0 || data[0] != '{' || data[len(data)-1] != '}' {
+		return
+	}
+	keys, plain := plainJSON(data)
+	if !plain {
+		return
+	}
+	elems, ok := resourceList(data, keys)
+	if !ok {
+		return
+	}
+	var whole discovery.DiscoveryResponse
+	wholeErr := protojson.Unmarshal(data, &whole)
+	var parts []*anypb.Any
+	var partErr error
+	for _, e := range elems {
+		var a anypb.Any
+		if partErr = protojson.Unmarshal(e, &a); partErr != nil {
+			break
+		}
+		parts = append(parts, &a)
+	}
+	if (wholeErr == nil) != (partErr == nil) {
+		t.Fatalf("the whole file: %v; its %d elements one at a time: %v", wholeErr, len(elems), partErr)
+	}
+	if wholeErr == nil && !slices.EqualFunc(parts, whole.GetResources(), func(a, b *anypb.Any) bool { return proto.Equal(a, b) }) {
+		t.Fatalf("the elements read one at a time:\n%v\nthe whole file:\n%v", parts, whole.GetResources())
+	}
 }

@@ -11,8 +11,11 @@ import (
 	"math"
 	"os"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -21,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/l4xds/l4xds/pkg/xds"
 
@@ -178,31 +182,183 @@ func parseJSON(data []byte, o parseOptions) (Resources, bool) {
 	if !list {
 		return nil, false
 	}
-	var file discovery.DiscoveryResponse
-	if protojson.Unmarshal(data, &file) != nil {
-		return nil, false
+	// A file of the list alone is read a resource at a time, on every core;
+	// any other form (or a list this cannot split) whole, and its resources
+	// decoded on every core.
+	var msgs []proto.Message
+	if elems, ok := resourceList(data, keys); ok {
+		msgs = make([]proto.Message, len(elems))
+		if !parallel(len(elems), func(i int) bool {
+			var a anypb.Any
+			if protojson.Unmarshal(elems[i], &a) != nil {
+				return false
+			}
+			msgs[i] = decodeAny(&a, o)
+			return msgs[i] != nil
+		}) {
+			return nil, false
+		}
+	} else {
+		var file discovery.DiscoveryResponse
+		if protojson.Unmarshal(data, &file) != nil {
+			return nil, false
+		}
+		anys := file.GetResources()
+		msgs = make([]proto.Message, len(anys))
+		if !parallel(len(anys), func(i int) bool {
+			msgs[i] = decodeAny(anys[i], o)
+			return msgs[i] != nil
+		}) {
+			return nil, false
+		}
 	}
 	res := Resources{}
-	for _, a := range file.GetResources() {
-		if a.GetTypeUrl() == "" {
-			return nil, false
-		}
-		mt, err := protoregistry.GlobalTypes.FindMessageByURL(a.GetTypeUrl())
-		if err != nil {
-			return nil, false
-		}
-		msg := mt.New().Interface()
-		if proto.Unmarshal(a.GetValue(), msg) != nil {
-			return nil, false
-		}
-		if v, ok := msg.(interface{ Validate() error }); ok && !o.skipValidation && v.Validate() != nil {
-			return nil, false
-		}
+	for _, msg := range msgs {
 		if cache.GetResourceName(msg) == "" || res.Add(msg) != nil {
 			return nil, false // unnamed, or a duplicate
 		}
 	}
 	return res, true
+}
+
+// decodeAny is the resource a of a JSON file, validated; nil if it is not
+// one.
+func decodeAny(a *anypb.Any, o parseOptions) proto.Message {
+	if a.GetTypeUrl() == "" {
+		return nil
+	}
+	mt, err := protoregistry.GlobalTypes.FindMessageByURL(a.GetTypeUrl())
+	if err != nil {
+		return nil
+	}
+	msg := mt.New().Interface()
+	if proto.Unmarshal(a.GetValue(), msg) != nil {
+		return nil
+	}
+	if v, ok := msg.(interface{ Validate() error }); ok && !o.skipValidation && v.Validate() != nil {
+		return nil
+	}
+	return msg
+}
+
+// parallel calls do for 0 to n-1, in as many goroutines as there are
+// cores, each taking the next range of indexes, and reports whether every
+// call returned true. It stops early once one returned false.
+func parallel(n int, do func(i int) bool) bool {
+	const chunk = 64
+	var (
+		next   atomic.Int64
+		failed atomic.Bool
+		wg     sync.WaitGroup
+	)
+	for range min(runtime.GOMAXPROCS(0), (n+chunk-1)/chunk) {
+		wg.Go(func() {
+			for !failed.Load() {
+				lo := int(next.Add(chunk)) - chunk
+				if lo >= n {
+					return
+				}
+				for i := lo; i < min(lo+chunk, n); i++ {
+					if !do(i) {
+						failed.Store(true)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return !failed.Load()
+}
+
+// resourceList splits data, a JSON object that plainJSON took with the keys
+// it found, into the elements of its list when "resources" is its only key
+// and every element is an object: `{"resources": [{...}, {...}]}`, white
+// space allowed between the tokens. It reports false for anything else, to
+// be read whole. protojson reads each element as it would inside the whole:
+// the elements are the list's values, with nothing around them.
+func resourceList(data []byte, keys []topKey) ([][]byte, bool) {
+	if len(keys) != 1 || keys[0].name != "resources" {
+		return nil, false
+	}
+	const key = `"resources"`
+	i := skipSpace(data, 1)
+	if !bytes.HasPrefix(data[i:], []byte(key)) {
+		return nil, false
+	}
+	i = skipSpace(data, i+len(key))
+	if i >= len(data) || data[i] != ':' {
+		return nil, false
+	}
+	i = skipSpace(data, i+1)
+	if i >= len(data) || data[i] != '[' {
+		return nil, false
+	}
+	i = skipSpace(data, i+1)
+	var elems [][]byte
+	if i < len(data) && data[i] == ']' {
+		i++
+	} else {
+		for {
+			end := objectEnd(data, i)
+			if end < 0 {
+				return nil, false
+			}
+			elems = append(elems, data[i:end])
+			i = skipSpace(data, end)
+			if i >= len(data) {
+				return nil, false
+			}
+			if data[i] == ']' {
+				i++
+				break
+			}
+			if data[i] != ',' {
+				return nil, false
+			}
+			i = skipSpace(data, i+1)
+		}
+	}
+	if skipSpace(data, i) != len(data)-1 { // the object's closing brace
+		return nil, false
+	}
+	return elems, true
+}
+
+// skipSpace is the index of the first byte of data from i on that is not
+// JSON's white space, len(data) if none.
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// objectEnd is the index just past the object that starts at data[i], -1
+// if no object starts there or it does not end: brackets are counted
+// outside strings, and a backslash in a string escapes the next byte.
+func objectEnd(data []byte, i int) int {
+	if i >= len(data) || data[i] != '{' {
+		return -1
+	}
+	depth := 0
+	for ; i < len(data); i++ {
+		switch data[i] {
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		case '"':
+			for i++; i < len(data) && data[i] != '"'; i++ {
+				if data[i] == '\\' {
+					i++
+				}
+			}
+		}
+	}
+	return -1
 }
 
 // topKey is a key of the outermost object of JSON data, as written, and the

@@ -3,9 +3,11 @@
 package controlplane
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -396,6 +398,44 @@ func TestParseJSONTakesOnlyWholeGoodFiles(t *testing.T) {
 			slow, err := parseYAML([]byte(tc.file), parseOptions{})
 			if taken && (err != nil || !sameResources(fast, slow, proto.Equal)) {
 				t.Fatalf("the YAML path: %v, %v; the JSON path: %v", slow, err, fast)
+			}
+		})
+	}
+}
+
+// A file of the list alone is split into its resources, each read on its
+// own; a list it cannot split is read whole (or by the YAML path).
+func TestResourceList(t *testing.T) {
+	resources := []topKey{{"resources", '['}}
+	for _, tc := range []struct {
+		name, file string
+		keys       []topKey
+		want       []string // nil: not split
+	}{
+		{"empty", `{"resources":[]}`, resources, []string{}},
+		{"two", `{"resources":[{"a":1},{"b":[2,{}]}]}`, resources, []string{`{"a":1}`, `{"b":[2,{}]}`}},
+		{"white space", " {\n \"resources\" :\t[ {\"a\":1} ,\r\n{} ]\n}", resources, []string{`{"a":1}`, `{}`}},
+		{"brackets and quotes in strings", `{"resources":[{"a":"}]\"{["},{"b":"\\"}]}`, resources, []string{`{"a":"}]\"{["}`, `{"b":"\\"}`}},
+		{"other keys", `{"version_info":"1","resources":[{}]}`, []topKey{{"version_info", '"'}, {"resources", '['}}, nil},
+		{"a trailing comma", `{"resources":[{},]}`, resources, nil},
+		{"no comma", `{"resources":[{} {}]}`, resources, nil},
+		{"not an object", `{"resources":[{},1]}`, resources, nil},
+		{"unclosed", `{"resources":[{"a":[}]`, resources, nil},
+		{"after the list", `{"resources":[{}],}`, resources, nil},
+		{"not a list", `{"resources":{}}`, []topKey{{"resources", '{'}}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data := bytes.Trim([]byte(tc.file), " \r\n")
+			elems, ok := resourceList(data, tc.keys)
+			if ok != (tc.want != nil) {
+				t.Fatalf("split: %v, want %v", ok, tc.want != nil)
+			}
+			var got []string
+			for _, e := range elems {
+				got = append(got, string(e))
+			}
+			if ok && !slices.Equal(got, tc.want) {
+				t.Errorf("elements %q, want %q", got, tc.want)
 			}
 		})
 	}
