@@ -77,11 +77,12 @@ func InSlices(h Handler) Handler { return slicedHandler{h} }
 type slicedHandler struct{ Handler }
 
 // sliceBytes bounds the encoded resources decoded and delivered together to
-// an InSlices handler: about ten times that once decoded. A few thousand
-// ClusterLoadAssignments: the datapath programs the first slice while the
-// client decodes the next. The first slice of a response is
+// an InSlices handler: about ten times that once decoded. About two
+// thousand ClusterLoadAssignments of one endpoint: the datapath programs
+// one slice while the client decodes the next, and the decoded messages of
+// a large response never make the agent's heap grow much (what the heap
+// grew to, it keeps in part). The first slice of a response is
 // firstSliceBytes, and each next one twice the last, up to sliceBytes: the
-// datapath starts on the first few hundred services at once instead of
-// after the first few thousand, and a large response still takes few
-// slices. (Variables for the tests, which slice small responses.)
-var sliceBytes, firstSliceBytes = 256 << 10, 16 << 10
+// datapath starts on the first few hundred services at once. (Variables
+// for the tests, which slice small responses.)
+var sliceBytes, firstSliceBytes = 64 << 10, 16 << 10
