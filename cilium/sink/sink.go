@@ -273,6 +273,11 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 		return nil
 	}
 	st.ports = ports
+	if len(cur.backends) == 0 {
+		// No rows of ours to rewrite (a new service): the writer's
+		// SetBackends would only compute the frontends' backends again.
+		return nil
+	}
 	return t.setBackends(svc.Name, cbes)
 }
 
