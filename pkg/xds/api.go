@@ -65,10 +65,10 @@ func (f HandlerFunc) HandleUpdate(ctx context.Context, u Update) map[string]erro
 // InSlices marks h as a handler whose resources are each valid or not on
 // their own, whatever else the response carries (EDS: a
 // ClusterLoadAssignment is one service's backends). The client then decodes
-// and delivers a large response a slice at a time (sliceBytes of encoded
-// resources or less, in the response's order) instead of decoding it whole: the
-// decoded messages of a million endpoints would otherwise all be on the
-// heap at once. Each slice is one call of h; every resource is still in
+// and delivers a large response a slice at a time (resources in the
+// response's order up to the one that reaches sliceBytes of encoded
+// resources) instead of decoding it whole: the decoded messages of a
+// million endpoints would otherwise all be on the heap at once. Each slice is one call of h; every resource is still in
 // exactly one call, whole. Removals and the offers of earlier rejected
 // resources come with the last slice, and the response is ACKed or NACKed
 // once, after it.

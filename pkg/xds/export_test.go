@@ -9,15 +9,9 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// SetSliceBytes sets the slice size of InSlices handlers until the test
-// ends: the first slice of a response as the others.
-func SetSliceBytes(t interface{ Cleanup(func()) }, n int) {
-	setSliceBytes(t, n, n)
-}
-
-// setSliceBytes sets the size of the first slice of a response and the
-// most a slice grows to, until the test ends.
-func setSliceBytes(t interface{ Cleanup(func()) }, first, most int) {
+// SetSliceBytes sets, until the test ends, the size of the first slice of a
+// response to an InSlices handler and the most a slice grows to.
+func SetSliceBytes(t interface{ Cleanup(func()) }, first, most int) {
 	oldFirst, oldMost := firstSliceBytes, sliceBytes
 	firstSliceBytes, sliceBytes = first, most
 	t.Cleanup(func() { firstSliceBytes, sliceBytes = oldFirst, oldMost })

@@ -106,9 +106,10 @@ func newFuzzStream(t *testing.T, protocol string) *fuzzStream {
 		clas:     &acceptedBy{h: ctrl.EndpointHandler(), msgs: map[string]proto.Message{}},
 	}
 	c.Watch(xds.ClusterType, true, s.clusters)
-	// EDS in slices of a few resources: whatever the slicing, the cache
-	// and the tables must be those of the accepted resources.
-	xds.SetSliceBytes(t, 1)
+	// EDS in slices of one resource, growing to a few: whatever the
+	// slicing, the cache and the tables must be those of the accepted
+	// resources.
+	xds.SetSliceBytes(t, 32, 256)
 	c.Watch(xds.EndpointType, false, xds.InSlices(s.clas))
 	if s.driver, err = xds.NewDriver(c); err != nil {
 		t.Fatal(err)

@@ -18,7 +18,7 @@ func TestInSlices(t *testing.T) {
 		t.Run(p, func(t *testing.T) {
 			rc := newRuleClient(t, p)
 			rc.types[EndpointType].sliced = true
-			SetSliceBytes(t, 1) // a resource per slice
+			SetSliceBytes(t, 1, 1) // a resource per slice
 			rc.setNames("e1", "e2", "e3")
 
 			// e2 is rejected (priority 9) and held as an offer.
@@ -93,7 +93,7 @@ func TestInSlicesGrow(t *testing.T) {
 			t.Fatalf("resources of %d and %d bytes, want one size", size, len(r.any.GetValue()))
 		}
 	}
-	setSliceBytes(t, size, 4*size)
+	SetSliceBytes(t, size, 4*size)
 	rc.setNames(names...)
 	rc.respond(EndpointType, "1", nil, res...)
 	var got []int
