@@ -704,6 +704,11 @@ func mappingPairs(n *yaml.Node, depth int, b *budget) ([]pair, error) {
 			merges = append(merges, resolveAlias(v))
 			continue
 		}
+		// YAML wants a map's keys unique; a decoder into nodes does
+		// not check, and lookup would take the first and drop the rest.
+		if seen[k.Value] {
+			return nil, fmt.Errorf("line %d: key %q twice", k.Line, k.Value)
+		}
 		seen[k.Value] = true
 		pairs = append(pairs, pair{key: k.Value, keyNode: k, value: v})
 	}

@@ -196,6 +196,17 @@ resource:
 			want: []string{`document 2 (cluster "db"): unknown field "prot" (line 11)`},
 		},
 		{
+			name: "a key twice",
+			text: "{\"resources\": [{\"@type\": \"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\", \"clusterName\": \"a\"}],\n" +
+				" \"resources\": [{\"@type\": \"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\", \"clusterName\": \"b\"}]}\n",
+			want: []string{`document 1: line 2: key "resources" twice`},
+		},
+		{
+			name: "a field of a resource twice",
+			text: "resource:\n  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster\n  name: a\n  name: b\n",
+			want: []string{`line 4: key "name" twice`},
+		},
+		{
 			name: "unknown nested field",
 			text: goodCluster + `---
 ---
