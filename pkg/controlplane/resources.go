@@ -185,18 +185,17 @@ func parseJSON(data []byte, o parseOptions) (Resources, bool) {
 	// A file of the list alone is read a resource at a time, on every core;
 	// any other form (or a list this cannot split) whole, and its resources
 	// decoded on every core.
-	var msgs []proto.Message
+	var (
+		n      int
+		decode func(i int) proto.Message
+	)
 	if elems, ok := resourceList(data, keys); ok {
-		msgs = make([]proto.Message, len(elems))
-		if !parallel(len(elems), func(i int) bool {
+		n, decode = len(elems), func(i int) proto.Message {
 			var a anypb.Any
 			if protojson.Unmarshal(elems[i], &a) != nil {
-				return false
+				return nil
 			}
-			msgs[i] = decodeAny(&a, o)
-			return msgs[i] != nil
-		}) {
-			return nil, false
+			return decodeAny(&a, o)
 		}
 	} else {
 		var file discovery.DiscoveryResponse
@@ -204,13 +203,14 @@ func parseJSON(data []byte, o parseOptions) (Resources, bool) {
 			return nil, false
 		}
 		anys := file.GetResources()
-		msgs = make([]proto.Message, len(anys))
-		if !parallel(len(anys), func(i int) bool {
-			msgs[i] = decodeAny(anys[i], o)
-			return msgs[i] != nil
-		}) {
-			return nil, false
-		}
+		n, decode = len(anys), func(i int) proto.Message { return decodeAny(anys[i], o) }
+	}
+	msgs := make([]proto.Message, n)
+	if !parallel(n, func(i int) bool {
+		msgs[i] = decode(i)
+		return msgs[i] != nil
+	}) {
+		return nil, false
 	}
 	res := Resources{}
 	for _, msg := range msgs {
