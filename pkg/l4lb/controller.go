@@ -191,8 +191,17 @@ func (c *Controller) ClusterHandler() xds.Handler { return xds.HandlerFunc(c.Han
 // ClusterLoadAssignment is valid or not on its own, so it takes a large
 // response in slices (xds.InSlices): each commits the services it carries,
 // whole, and the decoded messages of a million endpoints are never all on
-// the heap at once.
+// the heap at once. With a wait for new clusters (inside Cilium, whose
+// reconciler programs frontends at a pace of its own) the slices start
+// small and grow (xds.InGrowingSlices), so that the reconciler starts at
+// once; the standalone agent keeps the larger slices, which hold its heap
+// lower. Call it after SetNewClusterWait.
 func (c *Controller) EndpointHandler() xds.Handler {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.wait > 0 {
+		return xds.InGrowingSlices(xds.HandlerFunc(c.HandleEndpoints))
+	}
 	return xds.InSlices(xds.HandlerFunc(c.HandleEndpoints))
 }
 

@@ -68,21 +68,27 @@ func (f HandlerFunc) HandleUpdate(ctx context.Context, u Update) map[string]erro
 // and delivers a large response a slice at a time (resources in the
 // response's order up to the one that reaches sliceBytes of encoded
 // resources) instead of decoding it whole: the decoded messages of a
-// million endpoints would otherwise all be on the heap at once. Each slice is one call of h; every resource is still in
-// exactly one call, whole. Removals and the offers of earlier rejected
-// resources come with the last slice, and the response is ACKed or NACKed
-// once, after it.
-func InSlices(h Handler) Handler { return slicedHandler{h} }
+// million endpoints would otherwise all be on the heap at once. Each slice
+// is one call of h; every resource is still in exactly one call, whole.
+// Removals and the offers of earlier rejected resources come with the last
+// slice, and the response is ACKed or NACKed once, after it.
+func InSlices(h Handler) Handler { return slicedHandler{Handler: h} }
 
-type slicedHandler struct{ Handler }
+// InGrowingSlices is InSlices with slices that start small: the first of a
+// response is firstSliceBytes, each next one twice the last, up to
+// grownSliceBytes. A consumer whose own consumer works through what it
+// writes at a pace of its own (Cilium's reconciler) starts it on the first
+// few hundred resources at once, and the decoded messages of a slice, the
+// transient heap, stay few.
+func InGrowingSlices(h Handler) Handler { return slicedHandler{Handler: h, growing: true} }
 
-// sliceBytes bounds the encoded resources decoded and delivered together to
-// an InSlices handler: about ten times that once decoded. About two
-// thousand ClusterLoadAssignments of one endpoint: the datapath programs
-// one slice while the client decodes the next, and the decoded messages of
-// a large response never make the agent's heap grow much (what the heap
-// grew to, it keeps in part). The first slice of a response is
-// firstSliceBytes, and each next one twice the last, up to sliceBytes: the
-// datapath starts on the first few hundred services at once. (Variables
-// for the tests, which slice small responses.)
-var sliceBytes, firstSliceBytes = 64 << 10, 16 << 10
+type slicedHandler struct {
+	Handler
+	growing bool
+}
+
+// sliceBytes bounds a slice of InSlices: about ten times that once
+// decoded, a few thousand ClusterLoadAssignments. firstSliceBytes and
+// grownSliceBytes are those of InGrowingSlices. (Variables for the tests,
+// which slice small responses.)
+var sliceBytes, firstSliceBytes, grownSliceBytes = 256 << 10, 16 << 10, 64 << 10

@@ -10,11 +10,12 @@ import (
 )
 
 // SetSliceBytes sets, until the test ends, the size of the first slice of a
-// response to an InSlices handler and the most a slice grows to.
+// response to an InGrowingSlices handler and the most a slice grows to,
+// which is also every slice of an InSlices handler.
 func SetSliceBytes(t interface{ Cleanup(func()) }, first, most int) {
-	oldFirst, oldMost := firstSliceBytes, sliceBytes
-	firstSliceBytes, sliceBytes = first, most
-	t.Cleanup(func() { firstSliceBytes, sliceBytes = oldFirst, oldMost })
+	old := [3]int{sliceBytes, firstSliceBytes, grownSliceBytes}
+	sliceBytes, firstSliceBytes, grownSliceBytes = most, first, most
+	t.Cleanup(func() { sliceBytes, firstSliceBytes, grownSliceBytes = old[0], old[1], old[2] })
 }
 
 // Driver drives a Client by hand for the tests of package xds_test (the

@@ -110,7 +110,7 @@ func newFuzzStream(t *testing.T, protocol string) *fuzzStream {
 	// slicing, the cache and the tables must be those of the accepted
 	// resources.
 	xds.SetSliceBytes(t, 32, 256)
-	c.Watch(xds.EndpointType, false, xds.InSlices(s.clas))
+	c.Watch(xds.EndpointType, false, xds.InGrowingSlices(s.clas))
 	if s.driver, err = xds.NewDriver(c); err != nil {
 		t.Fatal(err)
 	}

@@ -74,12 +74,12 @@ func calls(us []Update) [][]string {
 
 func sameCalls(got, want [][]string) bool { return slices.EqualFunc(got, want, slices.Equal[[]string]) }
 
-// TestInSlicesGrow: a response's first slice is the smallest, each next
-// one twice the last up to the most, so that the handler gets the first
-// resources soon and a large response in few calls.
+// TestInSlicesGrow: to an InGrowingSlices handler, a response's first slice
+// is the smallest, each next one twice the last up to the most, so that the
+// handler gets the first resources soon and a large response in few calls.
 func TestInSlicesGrow(t *testing.T) {
 	rc := newRuleClient(t, ProtocolSotW)
-	rc.types[EndpointType].sliced = true
+	rc.types[EndpointType].sliced, rc.types[EndpointType].growing = true, true
 	var names []string
 	var res []rawResource
 	for i := range 10 { // names of one length: resources of one size

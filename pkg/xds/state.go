@@ -30,6 +30,7 @@ type typeState struct {
 	wildcard bool
 	handler  Handler
 	sliced   bool // the handler is InSlices
+	growing  bool // in InGrowingSlices
 	gen      uint64
 
 	// names requested (non-wildcard types), and as a sorted list (the
@@ -67,12 +68,13 @@ type typeState struct {
 }
 
 func newTypeState(url string, w *watchSpec) *typeState {
-	_, isSliced := w.handler.(slicedHandler)
+	sh, isSliced := w.handler.(slicedHandler)
 	return &typeState{
 		url:        url,
 		wildcard:   w.wildcard,
 		handler:    w.handler,
 		sliced:     isSliced,
+		growing:    sh.growing,
 		names:      map[string]struct{}{},
 		entries:    map[string]*entry{},
 		subscribed: map[string]struct{}{},
@@ -165,10 +167,13 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 	ts.pendingNack = nil
 
 	a := newApplied(time.Now(), c.cfg.XDSProtocol == ProtocolDelta, len(resp.resources))
-	size := min(firstSliceBytes, sliceBytes)
+	size, most := sliceBytes, sliceBytes
+	if ts.growing {
+		size, most = min(firstSliceBytes, grownSliceBytes), grownSliceBytes
+	}
 	for lo := 0; lo < len(resp.resources); {
 		hi := ts.sliceEnd(resp.resources, lo, size)
-		size = min(2*size, sliceBytes)
+		size = min(2*size, most)
 		c.decode(ts, resp.resources[lo:hi], lo, resp.typeURL, a)
 		if hi < len(resp.resources) {
 			c.deliverSlice(ctx, ts, a)
