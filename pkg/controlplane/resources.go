@@ -282,19 +282,19 @@ func resourceList(data []byte, keys []topKey) ([][]byte, bool) {
 		return nil, false
 	}
 	const key = `"resources"`
-	i := skipSpace(data, 1)
+	i := skipBlanks(data, 1)
 	if !bytes.HasPrefix(data[i:], []byte(key)) {
 		return nil, false
 	}
-	i = skipSpace(data, i+len(key))
+	i = skipBlanks(data, i+len(key))
 	if i >= len(data) || data[i] != ':' {
 		return nil, false
 	}
-	i = skipSpace(data, i+1)
+	i = skipBlanks(data, i+1)
 	if i >= len(data) || data[i] != '[' {
 		return nil, false
 	}
-	i = skipSpace(data, i+1)
+	i = skipBlanks(data, i+1)
 	var elems [][]byte
 	if i < len(data) && data[i] == ']' {
 		i++
@@ -305,7 +305,7 @@ func resourceList(data []byte, keys []topKey) ([][]byte, bool) {
 				return nil, false
 			}
 			elems = append(elems, data[i:end])
-			i = skipSpace(data, end)
+			i = skipBlanks(data, end)
 			if i >= len(data) {
 				return nil, false
 			}
@@ -316,22 +316,13 @@ func resourceList(data []byte, keys []topKey) ([][]byte, bool) {
 			if data[i] != ',' {
 				return nil, false
 			}
-			i = skipSpace(data, i+1)
+			i = skipBlanks(data, i+1)
 		}
 	}
-	if skipSpace(data, i) != len(data)-1 { // the object's closing brace
+	if skipBlanks(data, i) != len(data)-1 { // the object's closing brace
 		return nil, false
 	}
 	return elems, true
-}
-
-// skipSpace is the index of the first byte of data from i on that is not
-// JSON's white space, len(data) if none.
-func skipSpace(data []byte, i int) int {
-	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
-		i++
-	}
-	return i
 }
 
 // objectEnd is the index just past the object that starts at data[i], -1
