@@ -435,7 +435,8 @@ func (e *Env) AgentPID() int {
 // CgroupCPU is the CPU time the agent's cgroup has used so far: the agent
 // and what it runs (clang compiling its datapath), from cpu.stat.
 func (e *Env) CgroupCPU() (time.Duration, error) {
-	data, err := os.ReadFile(filepath.Join(e.cgroup, "cpu.stat"))
+	path := filepath.Join(e.cgroup, "cpu.stat")
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -443,12 +444,12 @@ func (e *Env) CgroupCPU() (time.Duration, error) {
 		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
 			us, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("%s: %w", filepath.Join(e.cgroup, "cpu.stat"), err)
+				return 0, fmt.Errorf("%s: %w", path, err)
 			}
 			return time.Duration(us) * time.Microsecond, nil
 		}
 	}
-	return 0, fmt.Errorf("%s: no usage_usec", filepath.Join(e.cgroup, "cpu.stat"))
+	return 0, fmt.Errorf("%s: no usage_usec", path)
 }
 
 // AgentOutput is what the running agent printed so far.
