@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/l4xds/l4xds/pkg/version"
+	"github.com/l4xds/l4xds/test/ports"
 )
 
 func newHive(addr string, invoke any) *hive.Hive {
@@ -29,12 +30,7 @@ func newHive(addr string, invoke any) *hive.Hive {
 // What a cell registers is served on the address, with the Go and process
 // collectors; stopped, the address is free again.
 func TestServesTheRegistry(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", ports.Free(t, "tcp", 1)[0])
 
 	h := newHive(addr, func(r prometheus.Registerer) {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: "l4xds_test_total", Help: "A test counter"})
@@ -59,7 +55,7 @@ func TestServesTheRegistry(t *testing.T) {
 	if err := h.Stop(log, context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	l, err = net.Listen("tcp", addr)
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatalf("the address is still taken after stop: %v", err)
 	}

@@ -5,12 +5,9 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +19,7 @@ import (
 	lb "github.com/l4xds/l4xds/pkg/loadbalancer"
 	"github.com/l4xds/l4xds/pkg/xds"
 	"github.com/l4xds/l4xds/test/netns"
+	"github.com/l4xds/l4xds/test/ports"
 )
 
 // env is the processes of a run: the control planes, each serving its own
@@ -49,11 +47,10 @@ func newEnv(t *testing.T, bin, ns string, n int) *env {
 	if out, err := exec.Command(filepath.Join(bin, "l4xds-control-plane"), "certs", "--out", e.path("certs")).CombinedOutput(); err != nil {
 		t.Fatalf("l4xds-control-plane certs: %v\n%s", err, out)
 	}
-	ports, err := serverPorts(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, p := range ports {
+	// Below the ephemeral range, no connection of another process takes a
+	// server's port while the server is down. As root the test has a network
+	// namespace of its own (netns.Main), where the ports are its alone.
+	for i, p := range ports.Free(t, "tcp", n) {
 		// A directory each: a server watches its file's directory.
 		dir := e.path(fmt.Sprintf("cp%d", i+1))
 		if err := os.Mkdir(dir, 0o755); err != nil {
@@ -84,40 +81,6 @@ func (e *env) command(bin string, args ...string) *exec.Cmd {
 		return exec.Command(path, args...)
 	}
 	return netns.Command(context.Background(), e.ns, path, args...)
-}
-
-// serverPorts picks n free ports on 127.0.0.1 below the ephemeral range,
-// where no connection of another process takes one while its server is
-// down. As root the test has a network namespace of its own (netns.Main),
-// where the ports are the test's alone.
-func serverPorts(n int) ([]int, error) {
-	lo := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if v, err := strconv.Atoi(f[0]); err == nil {
-				lo = v
-			}
-		}
-	}
-	if lo < 11000 {
-		return nil, fmt.Errorf("the ephemeral port range starts at %d: no room below it for the control planes' ports", lo)
-	}
-	var ports []int
-	for tries := 0; len(ports) < n; tries++ {
-		if tries > 1000 {
-			return nil, fmt.Errorf("no %d free ports found between 10000 and %d", n, lo)
-		}
-		p := 10000 + rand.IntN(lo-10000)
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		if !slices.Contains(ports, p) {
-			ports = append(ports, p)
-		}
-	}
-	return ports, nil
 }
 
 // write replaces server i's resources file by s, by rename: the server

@@ -18,6 +18,7 @@ import (
 
 	"github.com/l4xds/l4xds/pkg/xds"
 	"github.com/l4xds/l4xds/test/netns"
+	"github.com/l4xds/l4xds/test/ports"
 )
 
 const (
@@ -63,15 +64,8 @@ func TestChaosKubernetesSchedules(t *testing.T) {
 	k := startKubeAPI(t, t.TempDir())
 	e := newEnv(t, bin, "", 2)
 	kc := &kubeChaos{t: t, e: e, k: k, rnd: rnd, seed: seed, begin: time.Now(), violated: make(chan struct{})}
-	ports, err := serverPorts(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range ports {
-		addr := fmt.Sprintf("127.0.0.1:%d", p)
-		if len(kc.health) < 2 && !slices.Contains(e.addresses(), addr) {
-			kc.health = append(kc.health, addr)
-		}
+	for _, p := range ports.Free(t, "tcp", 2) {
+		kc.health = append(kc.health, fmt.Sprintf("127.0.0.1:%d", p))
 	}
 	kc.write(randomState(rnd, 0))
 	for i := range e.servers {

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/l4xds/l4xds/test/netns"
+	"github.com/l4xds/l4xds/test/ports"
 )
 
 // kubeAPI is a real kube-apiserver and its etcd, run by the test as
@@ -86,11 +87,8 @@ func (k *kubeAPI) start(name string, args ...string) (*netns.Proc, error) {
 // control planes.
 func startKubeAPI(t *testing.T, dir string) *kubeAPI {
 	t.Helper()
-	ports, err := serverPorts(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := &kubeAPI{dir: dir, host: "https://127.0.0.1:" + strconv.Itoa(ports[2]),
+	port := ports.Free(t, "tcp", 3)
+	k := &kubeAPI{dir: dir, host: "https://127.0.0.1:" + strconv.Itoa(port[2]),
 		http: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}}
 	t.Cleanup(func() {
 		for _, p := range k.procs {
@@ -104,8 +102,9 @@ func startKubeAPI(t *testing.T, dir string) *kubeAPI {
 			}
 		}
 	})
-	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
-	peerURL := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", port[0])
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", port[1])
+	var err error
 	if k.etcd, err = k.start("etcd", "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
@@ -132,7 +131,7 @@ func startKubeAPI(t *testing.T, dir string) *kubeAPI {
 	}
 	k.apiArgs = []string{"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-		"--secure-port", strconv.Itoa(ports[2]),
+		"--secure-port", strconv.Itoa(port[2]),
 		"--cert-dir", filepath.Join(dir, "certs"),
 		"--token-auth-file", tokens,
 		"--authorization-mode", "AlwaysAllow",

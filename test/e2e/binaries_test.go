@@ -8,7 +8,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"net"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/l4xds/l4xds/test/ports"
 )
 
 // binDir builds the binaries once per test run, or uses $L4XDS_BIN (set by
@@ -37,14 +39,10 @@ func binDir(t *testing.T) string {
 	return dir
 }
 
+// freePort is a loopback address for a server the test starts later.
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return fmt.Sprintf("127.0.0.1:%d", ports.Free(t, "tcp", 1)[0])
 }
 
 // proc is a binary running until the test ends; its output goes to the

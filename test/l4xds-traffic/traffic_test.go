@@ -8,12 +8,15 @@ import (
 	"io"
 	"maps"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/l4xds/l4xds/test/ports"
 )
 
 // Serve and probe over loopback: answers are counted by name, and a closed
@@ -45,23 +48,28 @@ func TestProbeCountsAnswersAndClassifiesFailures(t *testing.T) {
 	}
 }
 
-// closedPort is a loopback address nothing listens on.
+// closedPort is a loopback address nothing listens on, and no flow's own
+// source port.
 func closedPort(t *testing.T, proto string) string {
 	t.Helper()
-	if proto == "tcp" {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return l.Addr().String()
-	}
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	return fmt.Sprintf("127.0.0.1:%d", ports.Free(t, proto, 1)[0])
+}
+
+// A closed port in the kernel's ephemeral range may become a flow's own
+// source port, and a UDP flow to itself reads its own datagram back.
+func TestClosedPortIsNoFlowsSourcePort(t *testing.T) {
+	lo, err := ports.EphemeralFirst()
 	if err != nil {
-		t.Fatal(err)
+		t.Skip(err)
 	}
-	defer c.Close()
-	return c.LocalAddr().String()
+	for _, proto := range []string{"tcp", "udp"} {
+		for range 20 {
+			_, p, _ := net.SplitHostPort(closedPort(t, proto))
+			if n, _ := strconv.Atoi(p); n >= lo {
+				t.Fatalf("closed %s port %d is in the ephemeral range, from %d", proto, n, lo)
+			}
+		}
+	}
 }
 
 func TestHoldEchoesOverOneConnection(t *testing.T) {
@@ -119,8 +127,8 @@ func TestProbeSourcePortGivesEachFlowItsOwnPort(t *testing.T) {
 	const flows = 50
 	c := listenUDP(t)
 	var (
-		mu    sync.Mutex
-		ports = map[int]int{}
+		mu   sync.Mutex
+		sent = map[int]int{}
 	)
 	go func() {
 		buf := make([]byte, 512)
@@ -130,12 +138,12 @@ func TestProbeSourcePortGivesEachFlowItsOwnPort(t *testing.T) {
 				return
 			}
 			mu.Lock()
-			ports[from.(*net.UDPAddr).Port]++
+			sent[from.(*net.UDPAddr).Port]++
 			mu.Unlock()
 			c.WriteTo([]byte("b0"), from)
 		}
 	}()
-	first := freeUDPPorts(t, flows)
+	first := ports.Consecutive(t, "udp", flows)
 	r := probe(c.LocalAddr().String(), "udp", flows, 16, 0, 2*time.Second, first)
 	if r.Answered != flows {
 		var out bytes.Buffer
@@ -145,46 +153,15 @@ func TestProbeSourcePortGivesEachFlowItsOwnPort(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for i := range flows {
-		if ports[first+i] != 1 {
-			t.Errorf("port %d sent %d datagrams, want 1 (all: %v)", first+i, ports[first+i], ports)
+		if sent[first+i] != 1 {
+			t.Errorf("port %d sent %d datagrams, want 1 (all: %v)", first+i, sent[first+i], sent)
 		}
 	}
-	if len(ports) != flows {
-		t.Errorf("%d source ports for %d flows from %d: %v", len(ports), flows, first, ports)
+	if len(sent) != flows {
+		t.Errorf("%d source ports for %d flows from %d: %v", len(sent), flows, first, sent)
 	}
 
 	if err := checkSourcePorts(65500, flows); err == nil || !strings.Contains(err.Error(), "--source-port 65500: the 50 flows need ports 65500 to 65549") {
 		t.Errorf("--source-port beyond 65535: %v", err)
 	}
-}
-
-// freeUDPPorts returns the first of n consecutive UDP ports that are free
-// now, on every address (as the probe binds them).
-func freeUDPPorts(t *testing.T, n int) int {
-	t.Helper()
-	for range 20 {
-		c, err := net.ListenPacket("udp", ":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		first := c.LocalAddr().(*net.UDPAddr).Port
-		c.Close()
-		if first+n-1 > 65535 {
-			continue
-		}
-		free := true
-		for p := first; p < first+n && free; p++ {
-			c, err := net.ListenPacket("udp", fmt.Sprintf(":%d", p))
-			if err != nil {
-				free = false
-				continue
-			}
-			c.Close()
-		}
-		if free {
-			return first
-		}
-	}
-	t.Fatalf("no %d consecutive free UDP ports found", n)
-	return 0
 }

@@ -10,7 +10,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/l4xds/l4xds/test/ports"
 )
 
 // apiServer is a kube-apiserver and its etcd, run as local processes.
@@ -41,12 +42,7 @@ func kindBinDir() string {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports.Free(t, "tcp", 1)[0]
 }
 
 // startProcess starts a binary whose output goes to a log file in dir, and
