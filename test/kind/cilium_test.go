@@ -108,6 +108,7 @@ func TestKindCilium(t *testing.T) {
 		if after[worker] == before[worker] {
 			t.Errorf("the Cilium pod on %s was not recreated", worker)
 		}
+		c.waitCiliumSettled(t, after)
 		c.waitCiliumServing(t, b)
 		c.checkTraffic(t, "after the Cilium pod was recreated", b)
 	})
@@ -170,6 +171,7 @@ func TestKindCilium(t *testing.T) {
 				t.Errorf("the Cilium pod on %s did not roll", nodeName)
 			}
 		}
+		c.waitCiliumSettled(t, after)
 		c.waitCiliumServing(t, b)
 		for nodeName, pod := range after {
 			out := c.ciliumDbg(t, pod, "shell", "--", "xds/status")
@@ -303,6 +305,44 @@ func (c *cluster) waitCiliumReady(t *testing.T, timeout time.Duration) map[strin
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// waitCiliumSettled waits until every endpoint of each Cilium agent has
+// been ready for three polls in a row. A restarted agent reports Ready and
+// then regenerates its endpoints, compiling and loading their datapath (some
+// seconds of clang on a busy node): a check of new flows in that window
+// measures Cilium's reload, not the xDS VIPs.
+func (c *cluster) waitCiliumSettled(t *testing.T, pods map[string]string) {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(3 * time.Minute)
+	for nodeName, pod := range pods {
+		for ready := 0; ready < 3; time.Sleep(time.Second) {
+			var eps []struct {
+				ID     int64 `json:"id"`
+				Status struct {
+					State string `json:"state"`
+				} `json:"status"`
+			}
+			out := c.ciliumDbg(t, pod, "endpoint", "list", "-o", "json")
+			if err := json.Unmarshal([]byte(out), &eps); err != nil {
+				t.Fatalf("cilium-dbg endpoint list -o json on %s: %v\n%s", nodeName, err, out)
+			}
+			var busy []string
+			for _, ep := range eps {
+				if ep.Status.State != "ready" {
+					busy = append(busy, fmt.Sprintf("%d %s", ep.ID, ep.Status.State))
+				}
+			}
+			if ready++; len(busy) > 0 {
+				ready = 0
+				if time.Now().After(deadline) {
+					t.Fatalf("Cilium's endpoints on %s not ready after %v: %v", nodeName, time.Since(start).Round(time.Second), busy)
+				}
+			}
+		}
+	}
+	t.Logf("Cilium's endpoints ready on every node %v after the agents were", time.Since(start).Round(time.Second))
 }
 
 func (c *cluster) ciliumDbg(t *testing.T, pod string, args ...string) string {
