@@ -207,6 +207,18 @@ resource:
 			want: []string{`line 4: key "name" twice`},
 		},
 		{
+			// The line is where the second key is written, not where the
+			// anchor it names is.
+			name: "a key twice through an alias",
+			text: "resource:\n  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster\n  &n name: a\n  type: EDS\n  *n : b\n",
+			want: []string{`document 1: line 5: key "name" twice`},
+		},
+		{
+			name: "an unknown key through an alias",
+			text: "resource:\n  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster\n  name: &k nme\n  type: EDS\n  *k : b\n",
+			want: []string{`document 1 (cluster "nme"): unknown field "nme" (line 5)`},
+		},
+		{
 			name: "unknown nested field",
 			text: goodCluster + `---
 ---
