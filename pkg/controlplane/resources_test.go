@@ -219,6 +219,11 @@ resource:
 			want: []string{`document 1 (cluster "nme"): unknown field "nme" (line 5)`},
 		},
 		{
+			name: "a merge of a scalar through an alias",
+			text: "resource:\n  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster\n  name: &s a\n  type: EDS\n  <<: *s\n",
+			want: []string{`line 5: "<<" must merge a map`},
+		},
+		{
 			name: "unknown nested field",
 			text: goodCluster + `---
 ---
