@@ -653,7 +653,9 @@ func (b *budget) spend(nodes int) error {
 }
 
 type pair struct {
-	key     string
+	key string
+	// keyNode is the key as written: an alias, for a key written "*x",
+	// whose line is that of the alias, not of its anchor.
 	keyNode *yaml.Node
 	value   *yaml.Node
 }
@@ -687,31 +689,32 @@ func mappingPairs(n *yaml.Node, depth int, b *budget) ([]pair, error) {
 	var merges []*yaml.Node
 	seen := map[string]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := resolveAlias(n.Content[i]), n.Content[i+1]
+		written, v := n.Content[i], n.Content[i+1]
+		k := resolveAlias(written)
 		if k.Kind != yaml.ScalarNode {
-			return nil, fmt.Errorf("line %d: map keys must be plain values", k.Line)
+			return nil, fmt.Errorf("line %d: map keys must be plain values", written.Line)
 		}
 		if k.ShortTag() == "!!merge" {
-			merges = append(merges, resolveAlias(v))
+			merges = append(merges, v)
 			continue
 		}
 		// YAML wants a map's keys unique; a decoder into nodes does
 		// not check, and lookup would take the first and drop the rest.
 		if seen[k.Value] {
-			return nil, fmt.Errorf("line %d: key %q twice", k.Line, k.Value)
+			return nil, fmt.Errorf("line %d: key %q twice", written.Line, k.Value)
 		}
 		seen[k.Value] = true
-		pairs = append(pairs, pair{key: k.Value, keyNode: k, value: v})
+		pairs = append(pairs, pair{key: k.Value, keyNode: written, value: v})
 	}
 	for _, v := range merges {
 		sources := []*yaml.Node{v}
-		if v.Kind == yaml.SequenceNode {
-			sources = v.Content
+		if r := resolveAlias(v); r.Kind == yaml.SequenceNode {
+			sources = r.Content
 		}
-		for _, src := range sources {
-			src = resolveAlias(src)
+		for _, written := range sources {
+			src := resolveAlias(written)
 			if src.Kind != yaml.MappingNode {
-				return nil, fmt.Errorf("line %d: \"<<\" must merge a map", src.Line)
+				return nil, fmt.Errorf("line %d: \"<<\" must merge a map", written.Line)
 			}
 			sub, err := mappingPairs(src, depth+1, b)
 			if err != nil {
