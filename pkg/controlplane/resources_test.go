@@ -417,6 +417,11 @@ func TestParseJSONTakesOnlyWholeGoodFiles(t *testing.T) {
 		{"invalid", `{"resources":[{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":""}]}`, false},
 		{"not JSON", `{"resources":[` + cluster + `]`, false},
 		{"too deep", `{"resources":[],"version_info":` + strings.Repeat("[", 65) + strings.Repeat("]", 65) + `}`, false},
+		// YAML ends a key 1024 characters after it starts, blanks
+		// before the colon included: past that it refuses the file.
+		{"blanks before a colon", `{"resources"` + strings.Repeat(" ", 1020) + `:[` + cla + `]}`, false},
+		{"blanks before a colon in a resource", `{"resources":[{"@type":"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment","clusterName"` +
+			strings.Repeat("\t", 1020) + `:"a"}]}`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fast, taken := parseJSON([]byte(tc.file), parseOptions{})
