@@ -367,8 +367,9 @@ type topKey struct {
 //     some control characters and reads some separators as line breaks;
 //   - the escapes "\/" and "\u...": YAML lacks the first and refuses
 //     surrogates;
-//   - a key on another line than its colon, or of more than 1000 bytes (a
-//     YAML key ends within 1024 characters);
+//   - a key on another line than its colon, or of more than 1000 bytes
+//     with the blanks before its colon (a YAML key ends within 1024
+//     characters of its start);
 //   - numbers of more than 15 digits, and "-0": YAML reads them as a
 //     float64 and as the integer 0, where protojson reads the digits;
 //   - nesting deeper than 64, well within parseYAML's bound.
@@ -402,7 +403,7 @@ func plainJSON(data []byte) ([]topKey, bool) {
 			if j >= len(data) || data[j] != ':' {
 				break // a value, not a key
 			}
-			if end-start > 1000 || bytes.ContainsAny(data[end:j], "\r\n") {
+			if j-start > 1000 || bytes.ContainsAny(data[end:j], "\r\n") {
 				return nil, false
 			}
 			if depth == 1 {
