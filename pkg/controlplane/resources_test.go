@@ -13,7 +13,9 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -217,6 +219,14 @@ resource:
 			name: "an unknown key through an alias",
 			text: "resource:\n  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster\n  name: &k nme\n  type: EDS\n  *k : b\n",
 			want: []string{`document 1 (cluster "nme"): unknown field "nme" (line 5)`},
+		},
+		{
+			// JSON takes U+2028 and U+0085 inside a string as they are,
+			// and so does an editor: they break no line.
+			name: "line breaks of YAML in a JSON string",
+			text: "{\"resources\":[{\"@type\":\"type.googleapis.com/envoy.config.cluster.v3.Cluster\",\"name\":\"a\u2028\u0085b\"},\n" +
+				"{\"@type\":\"type.googleapis.com/envoy.config.cluster.v3.Cluster\",\"name\":\"c\",\"x\":1}]}\n",
+			want: []string{`document 1, resources[1] (cluster "c"): unknown field "x" (line 2)`},
 		},
 		{
 			name: "a merge of a scalar through an alias",
@@ -431,6 +441,52 @@ func TestParseJSONTakesOnlyWholeGoodFiles(t *testing.T) {
 			slow, err := parseYAML([]byte(tc.file), parseOptions{})
 			if taken && (err != nil || !sameResources(fast, slow, proto.Equal)) {
 				t.Fatalf("the YAML path: %v, %v; the JSON path: %v", slow, err, fast)
+			}
+		})
+	}
+}
+
+// Any JSON file of the resources form is read as JSON reads it: the same
+// resources as protojson makes of the whole file, though the file is one
+// that the JSON path leaves to the YAML path. Programs write these escapes
+// and characters: PHP escapes "/", Python writes a character past U+FFFF
+// as a pair of surrogates, and JSON takes U+2028, U+0085 and DEL as they
+// are inside a string, where YAML reads the first two as line breaks.
+func TestParseReadsJSONAsJSON(t *testing.T) {
+	const cluster = `{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","type":"EDS","name":`
+	for _, tc := range []struct{ name, file string }{
+		{"escaped slash", `{"resources":[{"@type":"type.googleapis.com\/envoy.config.cluster.v3.Cluster","name":"a\/b"}]}`},
+		{"surrogate pair", `{"resources":[` + cluster + `"a\ud83d\ude00"}]}`},
+		{"surrogate pair, upper case", `{"resources":[` + cluster + `"a\uD83D\uDE00"}]}`},
+		{"line separator", "{\"resources\":[" + cluster + "\"a\u2028b\"}]}"},
+		{"paragraph separator", "{\"resources\":[" + cluster + "\"a\u2029b\"}]}"},
+		{"next line", "{\"resources\":[" + cluster + "\"a\u0085b\"}]}"},
+		{"delete", "{\"resources\":[" + cluster + "\"a\x7fb\"}]}"},
+		{"C1 control", "{\"resources\":[" + cluster + "\"a\u0090b\"}]}"},
+		{"byte order mark inside", "{\"resources\":[" + cluster + "\"a\ufeffb\"}]}"},
+		{"on several lines", "{\"resources\": [\n  " + cluster + "\"a\u0085b\"},\n  " + cluster + "\"c\\/d\"}\n]}\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var file discovery.DiscoveryResponse
+			if err := protojson.Unmarshal([]byte(tc.file), &file); err != nil {
+				t.Fatalf("not JSON of the resources form: %v", err)
+			}
+			want := Resources{}
+			for _, a := range file.GetResources() {
+				msg, err := a.UnmarshalNew()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := want.Add(msg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := ParseResources([]byte(tc.file))
+			if err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			if !sameResources(got, want, proto.Equal) {
+				t.Fatalf("read as\n%v\nJSON says\n%v", got, want)
 			}
 		})
 	}
