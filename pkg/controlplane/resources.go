@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -103,8 +105,9 @@ func LoadFile(path string, opts ...ParseOption) (Resources, error) {
 }
 
 // ParseResources decodes a resource file: a stream of YAML documents
-// separated by "---", or JSON (JSON is read as YAML, but for a good file of
-// the `resources` form: parseJSON). Each document is one of
+// separated by "---", or JSON (JSON is read as YAML, its strings as JSON
+// reads them, but for a good file of the `resources` form: parseJSON).
+// Each document is one of
 //
 //   - `resource: {'@type': ..., ...}`, the form of the CFP's example;
 //   - a bare resource, `{'@type': ..., ...}`;
@@ -130,6 +133,7 @@ func ParseResources(data []byte, opts ...ParseOption) (Resources, error) {
 // parseYAML is ParseResources for any file: every form, YAML's aliases and
 // merge keys, and errors that name the document, resource, field and line.
 func parseYAML(data []byte, o parseOptions) (Resources, error) {
+	data = jsonForYAML(data)
 	p := parser{opts: o, res: Resources{}, firstSeen: map[string]string{}}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	for doc := 1; ; doc++ {
@@ -147,6 +151,73 @@ func parseYAML(data []byte, o parseOptions) (Resources, error) {
 		}
 	}
 	return p.res, nil
+}
+
+// jsonForYAML returns a file that is one JSON value, a byte order mark
+// allowed before it, rewritten so that YAML reads it as JSON does: in its
+// strings, an escaped "/" becomes "/", an escaped pair of surrogates one
+// \U escape, and the characters YAML refuses (DEL, C1 controls, U+FFFE,
+// U+FFFF) or reads as line breaks (U+0085, U+2028, U+2029) \u escapes.
+// Lines stay as they are, so YAML's line numbers are an editor's. Any
+// other file is returned as it is.
+func jsonForYAML(data []byte) []byte {
+	body := bytes.TrimPrefix(data, []byte("\ufeff"))
+	if !json.Valid(body) {
+		return data
+	}
+	start := len(data) - len(body)
+	var out []byte // nil while nothing is rewritten
+	done := 0      // data[:done] is in out
+	rewrite := func(from, to int, with string) {
+		if out == nil {
+			out = make([]byte, 0, len(data)+64)
+		}
+		out = append(append(out, data[done:from]...), with...)
+		done = to
+	}
+	inString := false
+	for i := start; i < len(data); {
+		c := data[i]
+		switch {
+		case c == '"':
+			inString = !inString
+			i++
+		case !inString:
+			i++
+		case c == '\\' && data[i+1] == '/':
+			rewrite(i, i+2, "/")
+			i += 2
+		case c == '\\' && data[i+1] == 'u':
+			// A valid file has four hex digits after \u.
+			hi, _ := strconv.ParseUint(string(data[i+2:i+6]), 16, 32)
+			if utf16.IsSurrogate(rune(hi)) && i+12 <= len(data) && data[i+6] == '\\' && data[i+7] == 'u' {
+				lo, err := strconv.ParseUint(string(data[i+8:i+12]), 16, 32)
+				if r := utf16.DecodeRune(rune(hi), rune(lo)); err == nil && r != utf8.RuneError {
+					rewrite(i, i+12, fmt.Sprintf(`\U%08X`, r))
+					i += 12
+					continue
+				}
+			}
+			i += 6
+		case c == '\\':
+			i += 2
+		case c == 0x7f:
+			rewrite(i, i+1, `\u007F`)
+			i++
+		case c < utf8.RuneSelf:
+			i++
+		default:
+			r, size := utf8.DecodeRune(data[i:])
+			if r >= 0x80 && r <= 0x9f || r == 0x2028 || r == 0x2029 || r == 0xfffe || r == 0xffff {
+				rewrite(i, i+size, fmt.Sprintf(`\u%04X`, r))
+			}
+			i += size
+		}
+	}
+	if out == nil {
+		return data
+	}
+	return append(out, data[done:]...)
 }
 
 // parseJSON is ParseResources for the form a program writes: one JSON
