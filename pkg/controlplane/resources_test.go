@@ -454,6 +454,8 @@ func TestParseJSONTakesOnlyWholeGoodFiles(t *testing.T) {
 // are inside a string, where YAML reads the first two as line breaks.
 func TestParseReadsJSONAsJSON(t *testing.T) {
 	const cluster = `{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","type":"EDS","name":`
+	const route = `{"@type":"type.googleapis.com/envoy.config.route.v3.RouteConfiguration","name":"r","virtualHosts":[{"name":"v",` +
+		`"domains":["*"],"routes":[{"match":{"prefix":"/","headers":[{"name":"h","rangeMatch":{"start":"1","end":`
 	for _, tc := range []struct{ name, file string }{
 		{"escaped slash", `{"resources":[{"@type":"type.googleapis.com\/envoy.config.cluster.v3.Cluster","name":"a\/b"}]}`},
 		{"surrogate pair", `{"resources":[` + cluster + `"a\ud83d\ude00"}]}`},
@@ -464,6 +466,10 @@ func TestParseReadsJSONAsJSON(t *testing.T) {
 		{"delete", "{\"resources\":[" + cluster + "\"a\x7fb\"}]}"},
 		{"C1 control", "{\"resources\":[" + cluster + "\"a\u0090b\"}]}"},
 		{"byte order mark inside", "{\"resources\":[" + cluster + "\"a\ufeffb\"}]}"},
+		// YAML reads a number with a point or an exponent as a float64,
+		// which holds 15 digits; protojson reads the digits into an int64.
+		{"an integer with a point", `{"resources":[` + route + `9007199254740993.0}}]},"directResponse":{"status":200}}]}]}]}`},
+		{"an integer with an exponent", `{"resources":[` + route + `123456789012345678e1}}]},"directResponse":{"status":200}}]}]}]}`},
 		{"on several lines", "{\"resources\": [\n  " + cluster + "\"a\u0085b\"},\n  " + cluster + "\"c\\/d\"}\n]}\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
