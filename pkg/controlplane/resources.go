@@ -887,6 +887,10 @@ func writeScalar(buf *bytes.Buffer, n *yaml.Node) error {
 			return fmt.Errorf("line %d: %w", n.Line, err)
 		}
 		switch {
+		case !math.IsInf(f, 0) && !math.IsNaN(f) && isJSONNumber(n.Value):
+			// As written: protojson reads an integer's digits past the
+			// 15 or so that a float64 holds.
+			buf.WriteString(n.Value)
 		case math.IsNaN(f):
 			buf.WriteString(`"NaN"`)
 		case math.IsInf(f, 1):
@@ -902,6 +906,11 @@ func writeScalar(buf *bytes.Buffer, n *yaml.Node) error {
 		writeString(buf, n.Value)
 	}
 	return nil
+}
+
+// isJSONNumber reports whether s is a number as JSON writes one.
+func isJSONNumber(s string) bool {
+	return s != "" && (s[0] == '-' || s[0] >= '0' && s[0] <= '9') && json.Valid([]byte(s))
 }
 
 func writeString(buf *bytes.Buffer, s string) {
