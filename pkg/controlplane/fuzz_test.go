@@ -34,6 +34,7 @@ func FuzzParseResources(f *testing.F) {
 			}
 		}
 		checkResourceList(t, data)
+		checkReadAsJSON(t, data, res, err)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "document ") {
 				t.Fatalf("error %q does not start with the document", err)
@@ -117,5 +118,25 @@ func checkResourceList(t *testing.T, data []byte) {
 	}
 	if wholeErr == nil && !slices.EqualFunc(parts, whole.GetResources(), func(a, b *anypb.Any) bool { return proto.Equal(a, b) }) {
 		t.Fatalf("the elements read one at a time:\n%v\nthe whole file:\n%v", parts, whole.GetResources())
+	}
+}
+
+// checkReadAsJSON: what ParseResources takes of a file that protojson
+// reads as a DiscoveryResponse, it reads as protojson does, whichever path
+// read it.
+func checkReadAsJSON(t *testing.T, data []byte, res Resources, err error) {
+	var whole discovery.DiscoveryResponse
+	if err != nil || protojson.Unmarshal(data, &whole) != nil {
+		return
+	}
+	want := Resources{}
+	for _, a := range whole.GetResources() {
+		msg, err := a.UnmarshalNew()
+		if err != nil || want.Add(msg) != nil {
+			t.Fatalf("taken, but not a set of resources: %v", err)
+		}
+	}
+	if !sameResources(res, want, proto.Equal) {
+		t.Fatalf("read as\n%v\nJSON says\n%v", res, want)
 	}
 }
