@@ -872,6 +872,11 @@ func writeScalar(buf *bytes.Buffer, n *yaml.Node) error {
 		}
 		buf.WriteString(strconv.FormatBool(b))
 	case "!!int":
+		if isJSONNumber(n.Value) {
+			// As written: "-0" is -0 to protojson in a double.
+			buf.WriteString(n.Value)
+			break
+		}
 		var v any // int, int64 or uint64, whichever holds it
 		if err := n.Decode(&v); err != nil {
 			return fmt.Errorf("line %d: %w", n.Line, err)
