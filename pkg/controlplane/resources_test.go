@@ -229,6 +229,39 @@ resource:
 			want: []string{`document 1, resources[1] (cluster "c"): unknown field "x" (line 2)`},
 		},
 		{
+			// protojson's position is in the JSON made of the resource,
+			// not in the file: the error names the field and its line.
+			name: "a value of the wrong JSON type",
+			text: "{\"resources\": [\n{\"@type\": \"type.googleapis.com/envoy.config.cluster.v3.Cluster\",\n \"name\": \"a\",\n \"connectTimeout\": 5}]}\n",
+			want: []string{`document 1, resources[0] (cluster "a"): connectTimeout (line 4): unexpected token 5`},
+		},
+		{
+			name: "a bad value of a well-known type",
+			text: goodCluster + "  connect_timeout: x\n",
+			want: []string{`document 1 (cluster "web"): connect_timeout (line 6): invalid google.protobuf.Duration value "x"`},
+		},
+		{
+			name: "a bad value of a wrapper",
+			text: goodCluster + "  per_connection_buffer_limit_bytes: -1\n",
+			want: []string{`document 1 (cluster "web"): per_connection_buffer_limit_bytes (line 6): invalid value for uint32 field value: -1`},
+		},
+		{
+			name: "a bad value deep inside",
+			text: goodCluster + "  load_assignment:\n    cluster_name: web\n    endpoints:\n    - lb_endpoints:\n      - endpoint:\n          address:\n" +
+				"            socket_address: {address: 10.0.0.1, port_value: p}\n",
+			want: []string{`load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value (line 12): invalid value for uint32 field portValue: "p"`},
+		},
+		{
+			name: "a field twice, in both its names",
+			text: goodCluster + "  connect_timeout: 1s\n  connectTimeout: 2s\n",
+			want: []string{`document 1 (cluster "web"): connectTimeout (line 7): duplicate field "connectTimeout"`},
+		},
+		{
+			name: "an unknown type in an Any",
+			text: goodCluster + "  typed_extension_protocol_options:\n    x:\n      '@type': type.googleapis.com/nope.Nope\n",
+			want: []string{`typed_extension_protocol_options[x].@type (line 8): unable to resolve "type.googleapis.com/nope.Nope"`},
+		},
+		{
 			name: "a merge of a scalar through an alias",
 			text: "resource:\n  '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster\n  name: &s a\n  type: EDS\n  <<: *s\n",
 			want: []string{`line 5: "<<" must merge a map`},
