@@ -620,7 +620,7 @@ func (p *parser) resource(where string, n *yaml.Node) error {
 	}
 
 	var buf bytes.Buffer
-	if err := writeJSON(&buf, n, true, &p.budget); err != nil {
+	if err := writeJSON(&buf, n, true, &p.budget, nil, ""); err != nil {
 		return fail("%v", err)
 	}
 	msg := mt.New().Interface()
@@ -628,7 +628,7 @@ func (p *parser) resource(where string, n *yaml.Node) error {
 		if u, ok := findUnknownField(md, n, "", &p.budget); ok {
 			return fail("%s", u)
 		}
-		return fail("%s", cleanProtoError(err))
+		return fail("%s", protoError(n, buf.Bytes(), err))
 	}
 	if !p.opts.skipValidation {
 		if v, ok := msg.(interface{ Validate() error }); ok {
@@ -680,10 +680,54 @@ func (u unknownField) String() string {
 // protojson's errors start with "proto:" (followed by a space or a
 // non-breaking space) and a position in the JSON we generated, which means
 // nothing to the author of the YAML.
-var protoErrorPrefix = regexp.MustCompile(`^proto:[\s\x{00a0}]*(\(line \d+:\d+\):[\s\x{00a0}]*)?`)
+var (
+	protoErrorPrefix = regexp.MustCompile(`^proto:[\s\x{00a0}]*(syntax error[\s\x{00a0}]*)?(\(line \d+:\d+\):[\s\x{00a0}]*)?`)
+	protoErrorColumn = regexp.MustCompile(`^proto:[\s\x{00a0}]*(?:syntax error[\s\x{00a0}]*)?\(line 1:(\d+)\)`)
+)
 
 func cleanProtoError(err error) string {
 	return protoErrorPrefix.ReplaceAllString(err.Error(), "")
+}
+
+// jsonMarker finds the key or value of a resource that writeJSON writes
+// at or last before a byte offset of its JSON.
+type jsonMarker struct {
+	at   int // the offset
+	path string
+	line int // 0 until one is found
+}
+
+func (mk *jsonMarker) mark(offset int, path string, line int) {
+	if offset <= mk.at {
+		mk.path, mk.line = path, line
+	}
+}
+
+// errMarked stops writeJSON past its marker's offset.
+var errMarked = errors.New("past the marker")
+
+// protoError is protojson's error err about js, the JSON that writeJSON
+// made of the resource n, with the field and the line its position falls
+// on instead of the position.
+func protoError(n *yaml.Node, js []byte, err error) string {
+	msg := cleanProtoError(err)
+	m := protoErrorColumn.FindStringSubmatch(err.Error())
+	if m == nil {
+		return msg
+	}
+	col, _ := strconv.Atoi(m[1])
+	mk := jsonMarker{} // js is one line: col counts its runes from 1
+	for r := 1; r < col && mk.at < len(js); r++ {
+		_, size := utf8.DecodeRune(js[mk.at:])
+		mk.at += size
+	}
+	// Again, up to the offset, marking where each key and value goes.
+	var buf bytes.Buffer
+	b := budget{nodes: maxNodes}
+	if err := writeJSON(&buf, n, true, &b, &mk, ""); err != nil && err != errMarked || mk.line == 0 {
+		return msg
+	}
+	return fmt.Sprintf("%s (line %d): %s", mk.path, mk.line, msg)
 }
 
 // A few lines of YAML can name exponentially many nodes through aliases and
@@ -807,7 +851,12 @@ func mappingPairs(n *yaml.Node, depth int, b *budget) ([]pair, error) {
 
 // writeJSON converts a YAML node to JSON. With skipType, the top-level
 // "@type" key is left out: the caller already picked the message from it.
-func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, b *budget) error {
+// With a marker, it marks where it writes each key and value of n, at
+// path, and stops past the marker's offset.
+func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, b *budget, mk *jsonMarker, path string) error {
+	if mk != nil && buf.Len() > mk.at {
+		return errMarked
+	}
 	if err := b.spend(1); err != nil {
 		return err
 	}
@@ -835,9 +884,19 @@ func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, b *budget) error 
 				buf.WriteByte(',')
 			}
 			first = false
+			var sub string
+			if mk != nil {
+				if sub = kv.key; path != "" {
+					sub = path + "." + kv.key
+				}
+				mk.mark(buf.Len(), sub, kv.keyNode.Line)
+			}
 			writeString(buf, kv.key)
 			buf.WriteByte(':')
-			if err := writeJSON(buf, kv.value, false, b); err != nil {
+			if mk != nil {
+				mk.mark(buf.Len(), sub, kv.value.Line)
+			}
+			if err := writeJSON(buf, kv.value, false, b, mk, sub); err != nil {
 				return err
 			}
 		}
@@ -848,7 +907,12 @@ func writeJSON(buf *bytes.Buffer, n *yaml.Node, skipType bool, b *budget) error 
 			if i > 0 {
 				buf.WriteByte(',')
 			}
-			if err := writeJSON(buf, item, false, b); err != nil {
+			var sub string
+			if mk != nil {
+				sub = path + "[" + strconv.Itoa(i) + "]"
+				mk.mark(buf.Len(), sub, item.Line)
+			}
+			if err := writeJSON(buf, item, false, b, mk, sub); err != nil {
 				return err
 			}
 		}

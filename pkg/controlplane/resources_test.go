@@ -259,7 +259,7 @@ resource:
 		{
 			name: "an unknown type in an Any",
 			text: goodCluster + "  typed_extension_protocol_options:\n    x:\n      '@type': type.googleapis.com/nope.Nope\n",
-			want: []string{`typed_extension_protocol_options[x].@type (line 8): unable to resolve "type.googleapis.com/nope.Nope"`},
+			want: []string{`typed_extension_protocol_options.x.@type (line 8): unable to resolve "type.googleapis.com/nope.Nope"`},
 		},
 		{
 			name: "a merge of a scalar through an alias",
