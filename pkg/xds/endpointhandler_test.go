@@ -4,12 +4,10 @@ package xds_test
 
 import (
 	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/cilium/statedb"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/proto"
@@ -17,7 +15,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/l4xds/l4xds/pkg/l4lb"
-	"github.com/l4xds/l4xds/pkg/loadbalancer"
 	"github.com/l4xds/l4xds/pkg/xds"
 )
 
@@ -36,19 +33,7 @@ func TestEndpointHandlerSlices(t *testing.T) {
 		{time.Hour, 3},
 	} {
 		t.Run(fmt.Sprintf("wait=%s", tc.wait), func(t *testing.T) {
-			db := statedb.New()
-			w, err := loadbalancer.NewWriter(db)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := xds.DefaultConfig
-			cfg.EnableXDSControlPlane = true
-			cfg.XDSServerAddress = "xds.example.internal:9000"
-			cfg.XDSInsecure = true
-			c, err := xds.NewClient(cfg, slog.New(slog.DiscardHandler), db)
-			if err != nil {
-				t.Fatal(err)
-			}
+			db, w, c := newDrivenClient(t, xds.ProtocolSotW)
 			sink := &countingSink{Sink: l4lb.NewTablesSink(w)}
 			ctrl := l4lb.NewController(sink, c)
 			ctrl.SetNewClusterWait(tc.wait, nil)

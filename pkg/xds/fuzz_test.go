@@ -83,7 +83,9 @@ func (r *requested) SetNames(typeURL string, names []string) {
 	}
 }
 
-func newFuzzStream(t *testing.T, protocol string) *fuzzStream {
+// newDrivenClient is a client of protocol, for a driver, over new tables.
+func newDrivenClient(t *testing.T, protocol string) (*statedb.DB, *loadbalancer.Writer, *xds.Client) {
+	t.Helper()
 	db := statedb.New()
 	w, err := loadbalancer.NewWriter(db)
 	if err != nil {
@@ -98,6 +100,11 @@ func newFuzzStream(t *testing.T, protocol string) *fuzzStream {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return db, w, c
+}
+
+func newFuzzStream(t *testing.T, protocol string) *fuzzStream {
+	db, w, c := newDrivenClient(t, protocol)
 	names := &requested{client: c, names: map[string]bool{}}
 	ctrl := l4lb.NewController(l4lb.NewTablesSink(w), names)
 	s := &fuzzStream{
@@ -111,6 +118,7 @@ func newFuzzStream(t *testing.T, protocol string) *fuzzStream {
 	// resources.
 	xds.SetSliceBytes(t, 32, 256)
 	c.Watch(xds.EndpointType, false, xds.InGrowingSlices(s.clas))
+	var err error
 	if s.driver, err = xds.NewDriver(c); err != nil {
 		t.Fatal(err)
 	}
