@@ -260,17 +260,20 @@ func parseJSON(data []byte, o parseOptions) (Resources, bool) {
 		n      int
 		decode func(i int) proto.Message
 	)
+	//
+	// protojson takes some JSON that is not (a number "1E" in an Any), which
+	// YAML reads otherwise: what it reads must be valid JSON first.
 	if elems, ok := resourceList(data, keys); ok {
 		n, decode = len(elems), func(i int) proto.Message {
 			var a anypb.Any
-			if protojson.Unmarshal(elems[i], &a) != nil {
+			if !json.Valid(elems[i]) || protojson.Unmarshal(elems[i], &a) != nil {
 				return nil
 			}
 			return decodeAny(&a, o)
 		}
 	} else {
 		var file discovery.DiscoveryResponse
-		if protojson.Unmarshal(data, &file) != nil {
+		if !json.Valid(data) || protojson.Unmarshal(data, &file) != nil {
 			return nil, false
 		}
 		anys := file.GetResources()
