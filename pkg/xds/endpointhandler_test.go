@@ -10,7 +10,6 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -102,13 +101,4 @@ func sliceCluster(name string, i int) *clusterv3.Cluster {
 		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{ServiceName: name},
 		Metadata:             &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{l4lb.MetadataKey: {Fields: md}}},
 	}
-}
-
-func anyOf(t *testing.T, m proto.Message) *anypb.Any {
-	t.Helper()
-	a, err := anypb.New(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
 }

@@ -103,6 +103,16 @@ func newDrivenClient(t *testing.T, protocol string) (*statedb.DB, *loadbalancer.
 	return db, w, c
 }
 
+// anyOf is m as a resource.
+func anyOf(t *testing.T, m proto.Message) *anypb.Any {
+	t.Helper()
+	a, err := anypb.New(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 func newFuzzStream(t *testing.T, protocol string) *fuzzStream {
 	db, w, c := newDrivenClient(t, protocol)
 	names := &requested{client: c, names: map[string]bool{}}
@@ -180,11 +190,7 @@ func (s *fuzzStream) step(t *testing.T, in *fuzzInput, step int) {
 		removed []string
 	)
 	add := func(name string, m proto.Message) {
-		a, err := anypb.New(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, rs = append(names, name), append(rs, a)
+		names, rs = append(names, name), append(rs, anyOf(t, m))
 	}
 	switch op := in.next(); op % 4 {
 	case 0, 1:
