@@ -1101,15 +1101,33 @@ func (c *Client) writeResources(ts *typeState, names []string) {
 		return
 	}
 	txn := c.db.WriteTxn(c.resources)
+	var last *ResourceStatus
 	for _, n := range names {
 		if e, ok := ts.entries[n]; ok {
-			c.resources.Insert(txn, e.row(ts.url, n))
+			last = e.row(ts.url, n)
+			c.resources.Insert(txn, last)
 		} else {
 			c.resources.Delete(txn, &ResourceStatus{TypeURL: ts.url, Name: n})
 		}
 	}
 	txn.Commit()
+	if len(names) >= releaseRows && last != nil {
+		// statedb (v0.8) keeps a table's last write transaction for the
+		// next one, with the tree that write started from: every row it
+		// replaced (a first response replaces as many "requested" rows)
+		// would stay on the heap until the table's next write. That write
+		// is made now, of one row (a copy: statedb refuses an object
+		// inserted twice).
+		again := *last
+		txn = c.db.WriteTxn(c.resources)
+		c.resources.Insert(txn, &again)
+		txn.Commit()
+	}
 }
+
+// releaseRows is the size of a write to xds-resources after which the rows
+// it replaced are let go at once (writeResources).
+const releaseRows = 64
 
 type nopHealth struct{}
 

@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package xds_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"weak"
+
+	"github.com/cilium/statedb"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/l4xds/l4xds/pkg/xds"
+)
+
+// TestReplacedRowsLetGo: once a response is handled, the xds-resources rows
+// it replaced are garbage. statedb (v0.8) keeps a table's last write
+// transaction for the next write, with the tree that write started from: a
+// first response of many ClusterLoadAssignments would keep every
+// "requested" row it replaced on the heap, beside the rows that replaced
+// them, until the table's next write.
+func TestReplacedRowsLetGo(t *testing.T) {
+	const n = 200 // a response large enough to be let go of at once
+	db, _, c := newDrivenClient(t, xds.ProtocolSotW)
+	c.Watch(xds.EndpointType, false, xds.HandlerFunc(func(context.Context, xds.Update) map[string]error { return nil }))
+	names := make([]string, n)
+	clas := make([]*anypb.Any, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("cla-%d", i)
+		clas[i] = anyOf(t, fuzzEndpoints(names[i], 0))
+	}
+	c.SetNames(xds.EndpointType, names)
+	d, err := xds.NewDriver(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requested := weakRows(t, db, c, xds.StateRequested, n)
+
+	if nack, err := d.Respond(xds.EndpointType, "1", nil, clas, nil); err != nil || nack != "" {
+		t.Fatalf("response: %q, %v", nack, err)
+	}
+	weakRows(t, db, c, xds.StateAcked, n)
+	runtime.GC()
+	kept := 0
+	for _, w := range requested {
+		if w.Value() != nil {
+			kept++
+		}
+	}
+	if kept > 0 {
+		t.Errorf("%d of the %d requested rows the response replaced are still on the heap", kept, n)
+	}
+	runtime.KeepAlive(c) // the table, whose rows are the question
+}
+
+// weakRows checks that the client's EDS rows are n, all in state, and
+// returns weak pointers to them (in a function of its own, so that no
+// strong pointer stays on the test's stack).
+//
+//go:noinline
+func weakRows(t *testing.T, db *statedb.DB, c *xds.Client, state xds.ResourceState, n int) []weak.Pointer[xds.ResourceStatus] {
+	t.Helper()
+	var rows []weak.Pointer[xds.ResourceStatus]
+	for r := range c.Resources().Prefix(db.ReadTxn(), xds.ResourcesByType(xds.EndpointType)) {
+		if r.State != state {
+			t.Fatalf("row %s is %s, want %s", r.Name, r.State, state)
+		}
+		rows = append(rows, weak.Make(r))
+	}
+	if len(rows) != n {
+		t.Fatalf("%d rows, want %d", len(rows), n)
+	}
+	return rows
+}
