@@ -1101,33 +1101,37 @@ func (c *Client) writeResources(ts *typeState, names []string) {
 		return
 	}
 	txn := c.db.WriteTxn(c.resources)
-	var last *ResourceStatus
 	for _, n := range names {
 		if e, ok := ts.entries[n]; ok {
-			last = e.row(ts.url, n)
-			c.resources.Insert(txn, last)
+			c.resources.Insert(txn, e.row(ts.url, n))
 		} else {
 			c.resources.Delete(txn, &ResourceStatus{TypeURL: ts.url, Name: n})
 		}
 	}
 	txn.Commit()
-	if len(names) >= releaseRows && last != nil {
-		// statedb (v0.8) keeps a table's last write transaction for the
-		// next one, with the tree that write started from: every row it
-		// replaced (a first response replaces as many "requested" rows)
-		// would stay on the heap until the table's next write. That write
-		// is made now, of one row (a copy: statedb refuses an object
-		// inserted twice).
-		again := *last
-		txn = c.db.WriteTxn(c.resources)
-		c.resources.Insert(txn, &again)
-		txn.Commit()
+	if len(names) >= releaseRows {
+		c.releaseReplaced()
 	}
 }
 
 // releaseRows is the size of a write to xds-resources after which the rows
-// it replaced are let go at once (writeResources).
+// it replaced or deleted are let go at once.
 const releaseRows = 64
+
+// releaseReplaced lets go of the rows the last write to xds-resources
+// replaced or deleted. statedb (v0.8) keeps a table's last write
+// transaction for the next write, with the tree that write started from:
+// a first response replaces as many "requested" rows, a sweep deletes as
+// many, and they would stay on the heap until the table's next write. That
+// write is made now: a row no resource has (no type URL is empty), written
+// and deleted, so that no reader ever sees it.
+func (c *Client) releaseReplaced() {
+	none := &ResourceStatus{}
+	txn := c.db.WriteTxn(c.resources)
+	c.resources.Insert(txn, none)
+	c.resources.Delete(txn, none)
+	txn.Commit()
+}
 
 type nopHealth struct{}
 

@@ -39,6 +39,12 @@ func NewDriver(c *Client) (*Driver, error) {
 	return d, c.sendAll(d.st)
 }
 
+// ApplyWatches requests, as the run loop does, the names the handlers set.
+func (d *Driver) ApplyWatches() error {
+	d.c.applyWatches()
+	return d.c.sendAll(d.st)
+}
+
 // Respond hands the client one response: version is the SotW version_info,
 // or the Delta system_version_info and each resource's version; names are
 // the Delta resources' names (ignored in SotW); removed is Delta's

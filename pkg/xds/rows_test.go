@@ -15,14 +15,14 @@ import (
 	"github.com/l4xds/l4xds/pkg/xds"
 )
 
-// TestReplacedRowsLetGo: once a response is handled, the xds-resources rows
-// it replaced are garbage. statedb (v0.8) keeps a table's last write
-// transaction for the next write, with the tree that write started from: a
-// first response of many ClusterLoadAssignments would keep every
-// "requested" row it replaced on the heap, beside the rows that replaced
-// them, until the table's next write.
+// TestReplacedRowsLetGo: once a large write to xds-resources is done, the
+// rows it replaced or deleted are garbage. statedb (v0.8) keeps a table's
+// last write transaction for the next write, with the tree that write
+// started from: a first response of many ClusterLoadAssignments would keep
+// every "requested" row it replaced on the heap, and a smaller subscription
+// every row it deleted, until the table's next write.
 func TestReplacedRowsLetGo(t *testing.T) {
-	const n = 200 // a response large enough to be let go of at once
+	const n = 200 // a write large enough to be let go of at once
 	db, _, c := newDrivenClient(t, xds.ProtocolSotW)
 	c.Watch(xds.EndpointType, false, xds.HandlerFunc(func(context.Context, xds.Update) map[string]error { return nil }))
 	names := make([]string, n)
@@ -36,28 +36,45 @@ func TestReplacedRowsLetGo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requested := weakRows(t, db, c, xds.StateRequested, n)
 
+	requested := weakRows(t, db, c, xds.StateRequested, n)
 	if nack, err := d.Respond(xds.EndpointType, "1", nil, clas, nil); err != nil || nack != "" {
 		t.Fatalf("response: %q, %v", nack, err)
 	}
-	weakRows(t, db, c, xds.StateAcked, n)
-	runtime.GC()
-	kept := 0
-	for _, w := range requested {
-		if w.Value() != nil {
-			kept++
-		}
-	}
-	if kept > 0 {
+	acked := weakRows(t, db, c, xds.StateAcked, n)
+	if kept := alive(requested); kept > 0 {
 		t.Errorf("%d of the %d requested rows the response replaced are still on the heap", kept, n)
+	}
+
+	// All but the first name are no longer asked for: their rows go.
+	c.SetNames(xds.EndpointType, names[:1])
+	if err := d.ApplyWatches(); err != nil {
+		t.Fatal(err)
+	}
+	weakRows(t, db, c, xds.StateAcked, 1)
+	// Not none: statedb's transaction also keeps the parents of its last
+	// deletion's path (a few rows); without the write after, all of them.
+	if kept := alive(acked[1:]); kept > (n-1)/10 {
+		t.Errorf("%d of the %d rows no longer asked for are still on the heap", kept, n-1)
 	}
 	runtime.KeepAlive(c) // the table, whose rows are the question
 }
 
+// alive collects, and counts the rows still on the heap.
+func alive(rows []weak.Pointer[xds.ResourceStatus]) int {
+	runtime.GC()
+	n := 0
+	for _, w := range rows {
+		if w.Value() != nil {
+			n++
+		}
+	}
+	return n
+}
+
 // weakRows checks that the client's EDS rows are n, all in state, and
-// returns weak pointers to them (in a function of its own, so that no
-// strong pointer stays on the test's stack).
+// returns weak pointers to them in name order (in a function of its own, so
+// that no strong pointer stays on the test's stack).
 //
 //go:noinline
 func weakRows(t *testing.T, db *statedb.DB, c *xds.Client, state xds.ResourceState, n int) []weak.Pointer[xds.ResourceStatus] {
