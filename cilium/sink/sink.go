@@ -356,6 +356,10 @@ func (s *Sink) forget(name lb.ServiceName, st *service) {
 func backendRows(name lb.ServiceName, backends []lb.BackendParams, ports []portName) ([]clb.Backend, error) {
 	active4, active6 := activePriority(backends, true), activePriority(backends, false)
 	cbes := make([]clb.Backend, 0, len(ports)*len(backends))
+	// rowOf is where each address's row is, once there are more rows than
+	// linearRows: searching them all for every backend costs the square of
+	// a large service's backends.
+	var rowOf map[clb.L3n4Addr]int
 	for _, p := range ports {
 		first := len(cbes) // this port name's rows start here
 		// One slice for the port's backends: rows are immutable, and an
@@ -391,10 +395,23 @@ func backendRows(name lb.ServiceName, backends []lb.BackendParams, ports []portN
 				cbe.Zone = &clb.BackendZone{Zone: be.Zone}
 			}
 			// Cilium has one row, with one weight, per backend address.
-			i := slices.IndexFunc(cbes, func(o clb.Backend) bool { return o.Address == cbe.Address })
+			i, found := rowOf[cbe.Address]
+			if rowOf == nil {
+				i = slices.IndexFunc(cbes, func(o clb.Backend) bool { return o.Address == cbe.Address })
+				found = i >= 0
+			}
 			switch {
-			case i < 0:
+			case !found:
 				cbes = append(cbes, cbe)
+				switch {
+				case rowOf != nil:
+					rowOf[cbe.Address] = len(cbes) - 1
+				case len(cbes) > linearRows:
+					rowOf = make(map[clb.L3n4Addr]int, cap(cbes))
+					for j, o := range cbes {
+						rowOf[o.Address] = j
+					}
+				}
 			case i >= first:
 				// The target port made two endpoints one address: one
 				// backend with both shares, as the standalone datapath
@@ -415,6 +432,9 @@ func backendRows(name lb.ServiceName, backends []lb.BackendParams, ports []portN
 	}
 	return cbes, nil
 }
+
+// linearRows is how many rows backendRows searches one by one.
+var linearRows = 16
 
 // setBackends replaces the service's backends by rows.
 func (t *txn) setBackends(name lb.ServiceName, rows []clb.Backend) error {
