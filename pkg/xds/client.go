@@ -1124,7 +1124,8 @@ const releaseRows = 64
 // a first response replaces as many "requested" rows, a sweep deletes as
 // many, and they would stay on the heap until the table's next write. That
 // write is made now: a row no resource has (no type URL is empty), written
-// and deleted, so that no reader ever sees it.
+// and deleted, so that no reader ever sees it (a Changes iterator would see
+// it deleted; the table has none).
 func (c *Client) releaseReplaced() {
 	none := &ResourceStatus{}
 	txn := c.db.WriteTxn(c.resources)
