@@ -64,9 +64,7 @@ func (d *Driver) Respond(typeURL, version string, names []string, resources []*a
 	if err := d.c.handleResponse(context.Background(), d.st, resp); err != nil {
 		return "", err
 	}
-	// As the run loop does: the names the handlers set are requested.
-	d.c.applyWatches()
-	if err := d.c.sendAll(d.st); err != nil {
+	if err := d.ApplyWatches(); err != nil {
 		return "", err
 	}
 	for _, r := range d.st.sent[sent:] {
