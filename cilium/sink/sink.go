@@ -281,6 +281,51 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 	return t.setBackends(svc.Name, cbes)
 }
 
+// UpsertNewService writes a service with its backends, the backends
+// first: Cilium's writer computes a frontend's backends as it inserts it,
+// and SetBackends after the frontends would write every frontend again
+// (RefreshFrontends), half of what the transaction costs. Cilium's
+// reconciler waits for that transaction to commit its own. A service the
+// sink already has goes the usual way. On an error it writes nothing.
+func (t *txn) UpsertNewService(svc *lb.Service, fes []lb.FrontendParams, bes []lb.BackendParams) error {
+	if st := t.s.services[svc.Name]; st != nil || len(bes) == 0 {
+		if err := t.UpsertServiceAndFrontends(svc, fes...); err != nil {
+			return err
+		}
+		if err := t.SetBackends(svc.Name, bes...); err != nil {
+			return errors.Join(err, t.DeleteServiceAndFrontends(svc.Name))
+		}
+		return nil
+	}
+	name := serviceName(svc)
+	cfes, ports, err := frontends(svc, name, fes)
+	if err != nil {
+		return err
+	}
+	// Refused before anything is written: backends under another
+	// source's name would refresh its frontends.
+	if err := t.checkFrontends(name, cfes, fes); err != nil {
+		return err
+	}
+	cbes, err := backendRows(svc.Name, bes, ports)
+	if err != nil {
+		return err
+	}
+	if err := t.s.w.SetBackends(t.txn, name, Source, cbes...); err != nil {
+		return errors.Join(fmt.Errorf("service %q: %w", svc.Name, err), t.releaseBackends(name))
+	}
+	if err := t.UpsertServiceAndFrontends(svc, fes...); err != nil {
+		return errors.Join(err, t.releaseBackends(name))
+	}
+	t.s.state(svc.Name).backends = bes
+	return nil
+}
+
+// releaseBackends deletes the backends of ours that UpsertNewService set.
+func (t *txn) releaseBackends(name clb.ServiceName) error {
+	return t.s.w.SetBackends(t.txn, name, Source)
+}
+
 // owner names the service of a frontend as the standalone agent would: a
 // cluster's service without a namespace by its name, any other service
 // (qualified, or Kubernetes') in full.

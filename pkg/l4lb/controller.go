@@ -446,14 +446,21 @@ func (c *Controller) shrinkHeld() {
 // source took a VIP meanwhile) it stays held.
 func (c *Controller) writeHeld(txn SinkTxn, name string, bes []loadbalancer.BackendParams) error {
 	cl := c.clusters[name]
-	if err := txn.UpsertServiceAndFrontends(cl.svc, cl.fes...); err != nil {
-		return fmt.Errorf("cluster %q: %w", name, err)
-	}
-	if err := txn.SetBackends(cl.svc.Name, bes...); err != nil {
-		// Held, it has written nothing: the frontends written just above
-		// go again, else they would serve without backends and outlive
-		// the cluster (deleteCluster deletes nothing of a held one).
-		return errors.Join(fmt.Errorf("cluster %q: %w", name, err), txn.DeleteServiceAndFrontends(cl.svc.Name))
+	if nw, ok := txn.(newServiceWriter); ok {
+		if err := nw.UpsertNewService(cl.svc, cl.fes, bes); err != nil {
+			return fmt.Errorf("cluster %q: %w", name, err)
+		}
+	} else {
+		if err := txn.UpsertServiceAndFrontends(cl.svc, cl.fes...); err != nil {
+			return fmt.Errorf("cluster %q: %w", name, err)
+		}
+		if err := txn.SetBackends(cl.svc.Name, bes...); err != nil {
+			// Held, it has written nothing: the frontends written just
+			// above go again, else they would serve without backends and
+			// outlive the cluster (deleteCluster deletes nothing of a
+			// held one).
+			return errors.Join(fmt.Errorf("cluster %q: %w", name, err), txn.DeleteServiceAndFrontends(cl.svc.Name))
+		}
 	}
 	for _, fe := range cl.fes {
 		delete(c.reserved, fe.Address)

@@ -47,6 +47,14 @@ type backendsOfMany interface {
 	SetBackendsOf(sets []loadbalancer.ServiceBackends) (errs []error)
 }
 
+// newServiceWriter is a SinkTxn that also writes a service with its
+// backends in one step, as UpsertServiceAndFrontends then SetBackends would,
+// writing nothing if it fails. The controller gives it the held clusters
+// (Controller.SetNewClusterWait); a SinkTxn without it gets the two steps.
+type newServiceWriter interface {
+	UpsertNewService(svc *loadbalancer.Service, fes []loadbalancer.FrontendParams, bes []loadbalancer.BackendParams) error
+}
+
 // TablesCell provides the standalone agent's Sink: l4xds's own tables.
 var TablesCell = cell.Provide(NewTablesSink)
 
