@@ -286,7 +286,10 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 // and SetBackends after the frontends would write every frontend again
 // (RefreshFrontends), half of what the transaction costs. Cilium's
 // reconciler waits for that transaction to commit its own. A service the
-// sink already has goes the usual way. On an error it writes nothing.
+// sink already has goes the usual way. A refusal (a frontend or the name
+// another service or source holds, a backend Cilium cannot say) writes
+// nothing; if Cilium's writer failed after the checks, the backends would
+// be released and what it wrote of the service stay, as in the two steps.
 func (t *txn) UpsertNewService(svc *lb.Service, fes []lb.FrontendParams, bes []lb.BackendParams) error {
 	if st := t.s.services[svc.Name]; st != nil || len(bes) == 0 {
 		if err := t.UpsertServiceAndFrontends(svc, fes...); err != nil {

@@ -48,8 +48,7 @@ type backendsOfMany interface {
 }
 
 // newServiceWriter is a SinkTxn that also writes a service with its
-// backends in one step, as UpsertServiceAndFrontends then SetBackends would,
-// writing nothing if it fails. The controller gives it the held clusters
+// backends in one step, as UpsertServiceAndFrontends then SetBackends would. The controller gives it the held clusters
 // (Controller.SetNewClusterWait); a SinkTxn without it gets the two steps.
 type newServiceWriter interface {
 	UpsertNewService(svc *loadbalancer.Service, fes []loadbalancer.FrontendParams, bes []loadbalancer.BackendParams) error
