@@ -204,26 +204,34 @@ func (t *txn) checkOwner(name clb.ServiceName) error {
 	return nil
 }
 
-func (t *txn) CheckFrontends(svc *lb.Service, fes ...lb.FrontendParams) error {
+// checked is svc's name, frontends and port names in Cilium's terms, or
+// why Cilium's writer must not be given them: Cilium's writer upserts the
+// service before it finds a conflict in the frontends, so they are checked
+// first, and a refused update changes nothing.
+func (t *txn) checked(svc *lb.Service, fes []lb.FrontendParams) (clb.ServiceName, []clb.FrontendParams, []portName, error) {
 	name := serviceName(svc)
-	cfes, _, err := frontends(svc, name, fes)
-	if err != nil {
-		return err
+	cfes, ports, err := frontends(svc, name, fes)
+	if err == nil {
+		err = t.checkFrontends(name, cfes, fes)
 	}
-	return t.checkFrontends(name, cfes, fes)
+	return name, cfes, ports, err
+}
+
+func (t *txn) CheckFrontends(svc *lb.Service, fes ...lb.FrontendParams) error {
+	_, _, _, err := t.checked(svc, fes)
+	return err
 }
 
 func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParams) error {
-	name := serviceName(svc)
-	cfes, ports, err := frontends(svc, name, fes)
+	name, cfes, ports, err := t.checked(svc, fes)
 	if err != nil {
 		return err
 	}
-	// Cilium's writer upserts the service before it finds a conflict in
-	// the frontends; check first so that a refused update changes nothing.
-	if err := t.checkFrontends(name, cfes, fes); err != nil {
-		return err
-	}
+	return t.upsert(svc, name, cfes, ports)
+}
+
+// upsert writes a checked service and its frontends.
+func (t *txn) upsert(svc *lb.Service, name clb.ServiceName, cfes []clb.FrontendParams, ports []portName) error {
 	csvc := &clb.Service{
 		Name:   name,
 		Source: Source,
@@ -252,6 +260,7 @@ func (t *txn) UpsertServiceAndFrontends(svc *lb.Service, fes ...lb.FrontendParam
 	rewrite := !slices.Equal(cur.ports, ports)
 	var cbes []clb.Backend
 	if rewrite {
+		var err error
 		if cbes, err = backendRows(svc.Name, cur.backends, ports); err != nil {
 			return err
 		}
@@ -300,14 +309,10 @@ func (t *txn) UpsertNewService(svc *lb.Service, fes []lb.FrontendParams, bes []l
 		}
 		return nil
 	}
-	name := serviceName(svc)
-	cfes, ports, err := frontends(svc, name, fes)
-	if err != nil {
-		return err
-	}
 	// Refused before anything is written: backends under another
 	// source's name would refresh its frontends.
-	if err := t.checkFrontends(name, cfes, fes); err != nil {
+	name, cfes, ports, err := t.checked(svc, fes)
+	if err != nil {
 		return err
 	}
 	cbes, err := backendRows(svc.Name, bes, ports)
@@ -317,7 +322,7 @@ func (t *txn) UpsertNewService(svc *lb.Service, fes []lb.FrontendParams, bes []l
 	if err := t.s.w.SetBackends(t.txn, name, Source, cbes...); err != nil {
 		return errors.Join(fmt.Errorf("service %q: %w", svc.Name, err), t.releaseBackends(name))
 	}
-	if err := t.UpsertServiceAndFrontends(svc, fes...); err != nil {
+	if err := t.upsert(svc, name, cfes, ports); err != nil {
 		return errors.Join(err, t.releaseBackends(name))
 	}
 	t.s.state(svc.Name).backends = bes
