@@ -119,16 +119,8 @@ func (a nsAgent) cilium(t *testing.T, fn func(writer.WriteTxn) error) {
 	}
 }
 
-// twoSteps is what the controller's writeHeld did before UpsertNewService.
-func twoSteps(txn l4lb.SinkTxn, svc *lb.Service, fes []lb.FrontendParams, bes []lb.BackendParams) error {
-	if err := txn.UpsertServiceAndFrontends(svc, fes...); err != nil {
-		return err
-	}
-	if err := txn.SetBackends(svc.Name, bes...); err != nil {
-		return errors.Join(err, txn.DeleteServiceAndFrontends(svc.Name))
-	}
-	return nil
-}
+// twoSteps is what the controller gives a sink without UpsertNewService.
+var twoSteps = l4lb.UpsertThenSetBackends
 
 // TestUpsertNewServiceCases writes the same services on two agents, the
 // two steps on one and UpsertNewService on the other, in the situations a

@@ -298,16 +298,11 @@ func (t *txn) upsert(svc *lb.Service, name clb.ServiceName, cfes []clb.FrontendP
 // sink already has goes the usual way. A refusal (a frontend or the name
 // another service or source holds, a backend Cilium cannot say) writes
 // nothing; if Cilium's writer failed after the checks, the backends would
-// be released and what it wrote of the service stay, as in the two steps.
+// be released and what it wrote of the service stay, as with
+// l4lb.UpsertThenSetBackends.
 func (t *txn) UpsertNewService(svc *lb.Service, fes []lb.FrontendParams, bes []lb.BackendParams) error {
 	if st := t.s.services[svc.Name]; st != nil || len(bes) == 0 {
-		if err := t.UpsertServiceAndFrontends(svc, fes...); err != nil {
-			return err
-		}
-		if err := t.SetBackends(svc.Name, bes...); err != nil {
-			return errors.Join(err, t.DeleteServiceAndFrontends(svc.Name))
-		}
-		return nil
+		return l4lb.UpsertThenSetBackends(t, svc, fes, bes)
 	}
 	// Refused before anything is written: backends under another
 	// source's name would refresh its frontends.

@@ -446,21 +446,14 @@ func (c *Controller) shrinkHeld() {
 // source took a VIP meanwhile) it stays held.
 func (c *Controller) writeHeld(txn SinkTxn, name string, bes []loadbalancer.BackendParams) error {
 	cl := c.clusters[name]
+	var err error
 	if nw, ok := txn.(newServiceWriter); ok {
-		if err := nw.UpsertNewService(cl.svc, cl.fes, bes); err != nil {
-			return fmt.Errorf("cluster %q: %w", name, err)
-		}
+		err = nw.UpsertNewService(cl.svc, cl.fes, bes)
 	} else {
-		if err := txn.UpsertServiceAndFrontends(cl.svc, cl.fes...); err != nil {
-			return fmt.Errorf("cluster %q: %w", name, err)
-		}
-		if err := txn.SetBackends(cl.svc.Name, bes...); err != nil {
-			// Held, it has written nothing: the frontends written just
-			// above go again, else they would serve without backends and
-			// outlive the cluster (deleteCluster deletes nothing of a
-			// held one).
-			return errors.Join(fmt.Errorf("cluster %q: %w", name, err), txn.DeleteServiceAndFrontends(cl.svc.Name))
-		}
+		err = UpsertThenSetBackends(txn, cl.svc, cl.fes, bes)
+	}
+	if err != nil {
+		return fmt.Errorf("cluster %q: %w", name, err)
 	}
 	for _, fe := range cl.fes {
 		delete(c.reserved, fe.Address)

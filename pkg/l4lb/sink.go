@@ -3,6 +3,7 @@
 package l4lb
 
 import (
+	"errors"
 	"github.com/cilium/hive/cell"
 
 	"github.com/l4xds/l4xds/pkg/loadbalancer"
@@ -48,10 +49,26 @@ type backendsOfMany interface {
 }
 
 // newServiceWriter is a SinkTxn that also writes a service with its
-// backends in one step, as UpsertServiceAndFrontends then SetBackends would. The controller gives it the held clusters
-// (Controller.SetNewClusterWait); a SinkTxn without it gets the two steps.
+// backends in one step, as UpsertThenSetBackends would. The controller
+// gives it the held clusters (Controller.SetNewClusterWait); a SinkTxn
+// without it gets UpsertThenSetBackends.
 type newServiceWriter interface {
 	UpsertNewService(svc *loadbalancer.Service, fes []loadbalancer.FrontendParams, bes []loadbalancer.BackendParams) error
+}
+
+// UpsertThenSetBackends writes a service and its frontends, then its
+// backends. If the backends are refused the service goes again: a held
+// cluster had written nothing, and its frontends would otherwise serve
+// without backends and outlive it (deleteCluster deletes nothing of a
+// held one).
+func UpsertThenSetBackends(txn SinkTxn, svc *loadbalancer.Service, fes []loadbalancer.FrontendParams, bes []loadbalancer.BackendParams) error {
+	if err := txn.UpsertServiceAndFrontends(svc, fes...); err != nil {
+		return err
+	}
+	if err := txn.SetBackends(svc.Name, bes...); err != nil {
+		return errors.Join(err, txn.DeleteServiceAndFrontends(svc.Name))
+	}
+	return nil
 }
 
 // TablesCell provides the standalone agent's Sink: l4xds's own tables.
