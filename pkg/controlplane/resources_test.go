@@ -4,6 +4,7 @@ package controlplane
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 func TestParseCFPExample(t *testing.T) {
@@ -601,6 +603,80 @@ func BenchmarkParseResources(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/(2*n), "µs/resource")
+		})
+	}
+}
+
+// A resource of a JSON list is read straight into its type: typeMember
+// finds its one "@type" and takes it out, so that what is left is the
+// resource's own JSON.
+func TestTypeMember(t *testing.T) {
+	for _, tc := range []struct {
+		name, elem string
+		typeURL    string
+		rest       string // "": not found
+	}{
+		{"first", `{"@type":"T","name":"a"}`, "T", `{"name":"a"}`},
+		{"between", `{"name":"a","@type":"T","type":"EDS"}`, "T", `{"name":"a","type":"EDS"}`},
+		{"last", `{"name":"a", "@type" : "T" }`, "T", `{"name":"a" }`},
+		{"alone", "{ \"@type\":\"T\"\n}", "T", "{ \n}"},
+		{"beside objects and lists", `{"m":{"@type":"X","l":[1,"]"]},"@type":"T","n":[{}]}`, "T", `{"m":{"@type":"X","l":[1,"]"]},"n":[{}]}`},
+		{"after a string that holds one", `{"name":"\"@type\":\"X\"","@type":"T"}`, "T", `{"name":"\"@type\":\"X\""}`},
+		{"none", `{"name":"a","m":{"@type":"X"}}`, "", ""},
+		{"twice", `{"@type":"T","@type":"T"}`, "", ""},
+		{"not a string", `{"@type":1,"name":"a"}`, "", ""},
+		{"escaped", `{"@type":"a\"b"}`, "", ""},
+		{"empty", `{}`, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			typeURL, rest, ok := typeMember([]byte(tc.elem))
+			if ok != (tc.rest != "") || typeURL != tc.typeURL || string(rest) != tc.rest {
+				t.Fatalf("typeMember: %q, %q, %v; want %q, %q", typeURL, rest, ok, tc.typeURL, tc.rest)
+			}
+			if ok && !json.Valid(rest) {
+				t.Fatalf("what is left is not JSON: %s", rest)
+			}
+		})
+	}
+}
+
+// What decodeTyped reads is what protojson and decodeAny make of the same
+// JSON as an Any, nested Anys included; a well-known type, whose JSON in
+// an Any has its value apart, is left to them.
+func TestDecodeTypedReadsAsAnAny(t *testing.T) {
+	for _, tc := range []struct {
+		name, elem string
+		typed      bool
+	}{
+		{"cluster", `{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"a","type":"EDS","connectTimeout":"1.5s",` +
+			`"metadata":{"filterMetadata":{"io.cilium.l4lb":{"vip":"10.0.0.1","port":80,"protocols":["TCP"]}}},` +
+			`"transportSocket":{"name":"tls","typedConfig":{"@type":"type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext","sni":"x"}}}`, true},
+		{"endpoints", `{"clusterName":"a","@type":"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",` +
+			`"endpoints":[{"priority":1,"lbEndpoints":[{"endpoint":{"address":{"socketAddress":{"address":"10.1.0.1","portValue":8080}}},"loadBalancingWeight":3}]}]}`, true},
+		{"a well-known type", `{"@type":"type.googleapis.com/google.protobuf.Struct","value":{"a":1}}`, false},
+		{"invalid", `{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":""}`, false},
+		{"unknown field", `{"@type":"type.googleapis.com/envoy.config.cluster.v3.Cluster","name":"a","nme":"b"}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var a anypb.Any
+			anyErr := protojson.Unmarshal([]byte(tc.elem), &a)
+			typeURL, rest, ok := typeMember([]byte(tc.elem))
+			if !ok {
+				t.Fatal("no @type found")
+			}
+			got := decodeTyped(typeURL, rest, parseOptions{})
+			if (got != nil) != tc.typed {
+				t.Fatalf("read straight into its type: %v, want %v", got != nil, tc.typed)
+			}
+			if got == nil {
+				return
+			}
+			if anyErr != nil {
+				t.Fatalf("protojson refuses it as an Any: %v", anyErr)
+			}
+			if want := decodeAny(&a, parseOptions{}); !proto.Equal(got, want) {
+				t.Fatalf("read as\n%v\nas an Any\n%v", got, want)
+			}
 		})
 	}
 }

@@ -178,17 +178,28 @@ func (c *sotwCache) update(toUpdate map[string]types.Resource, toDelete []string
 	}
 	clear(c.sets)
 	clear(c.answers)
-	var errs []error
-	for name, res := range toUpdate {
-		c.nextID++
-		r := &sotwResource{name: name, version: version, id: c.nextID}
-		if b, err := cache.MarshalResource(res); err != nil {
-			r.err = fmt.Errorf("marshalling %s %q: %w", c.typeURL, name, err)
-			errs = append(errs, r.err)
+	// Marshalled on every core: for a large state, the time to the
+	// first response.
+	names := slices.Collect(maps.Keys(toUpdate))
+	updated := make([]*sotwResource, len(names))
+	parallel(len(names), func(i int) bool {
+		r := &sotwResource{name: names[i], version: version}
+		if b, err := cache.MarshalResource(toUpdate[names[i]]); err != nil {
+			r.err = fmt.Errorf("marshalling %s %q: %w", c.typeURL, names[i], err)
 		} else {
 			r.any = &anypb.Any{TypeUrl: c.typeURL, Value: b}
 		}
-		c.resources[name] = r
+		updated[i] = r
+		return true
+	})
+	var errs []error
+	for _, r := range updated {
+		c.nextID++
+		r.id = c.nextID
+		if r.err != nil {
+			errs = append(errs, r.err)
+		}
+		c.resources[r.name] = r
 	}
 	for _, name := range toDelete {
 		delete(c.resources, name)
