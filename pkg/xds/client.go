@@ -89,6 +89,9 @@ type Client struct {
 	// watch is what the run loop is busy with (watchdog.go).
 	watch      loopWatch
 	stallAfter time.Duration
+
+	// dialExtra are tests' interceptors.
+	dialExtra []grpc.DialOption
 }
 
 // watchSpec is what consumers asked for one type.
@@ -339,6 +342,7 @@ func (c *Client) run(ctx context.Context, health cell.Health) error {
 	for {
 		c.connect(srv)
 		err := c.session(ctx, srv, &b)
+		c.writeBehind()
 		c.idle()
 		if ctx.Err() != nil {
 			return nil
@@ -383,6 +387,7 @@ func (c *Client) sleep(ctx context.Context, d time.Duration) bool {
 			return true
 		case <-c.wake:
 			c.applyWatches()
+			c.writeBehind()
 		}
 	}
 }
@@ -441,12 +446,12 @@ func (c *Client) dialOptions(srv *managementServer) []grpc.DialOption {
 	} else {
 		creds = insecure.NewCredentials()
 	}
-	return []grpc.DialOption{
+	return append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.cfg.XDSMaxRecvMsgSize)),
 		grpc.WithKeepaliveParams(Keepalive),
 		grpc.WithUserAgent(userAgent),
-	}
+	}, c.dialExtra...)
 }
 
 type recvResult struct {
@@ -543,6 +548,17 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 	// connection's close) is watched too.
 	defer c.busy("closing the stream to " + srv.address)
 	for {
+		// The names a handler asked for go out before the rows of what
+		// it handled are written: the next response is on the way to
+		// the tables, the rows only on the way to the operator.
+		select {
+		case <-c.wake:
+			if err := c.requestWatches(st); err != nil {
+				return sendFailed(sctx, srv, respCh, err)
+			}
+		default:
+		}
+		c.writeBehind()
 		var expiry <-chan time.Time
 		if next, ok := c.nextDeadline(); ok {
 			timer.Reset(time.Until(next))
@@ -568,9 +584,7 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 				return sendFailed(sctx, srv, respCh, err)
 			}
 		case <-c.wake:
-			c.busy("sending requests to " + srv.address)
-			c.applyWatches()
-			if err := c.sendAll(st); err != nil {
+			if err := c.requestWatches(st); err != nil {
 				return sendFailed(sctx, srv, respCh, err)
 			}
 		case <-expiry:
@@ -582,6 +596,13 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 			}
 		}
 	}
+}
+
+// requestWatches applies what SetNames changed and sends the requests.
+func (c *Client) requestWatches(st adsStream) error {
+	c.busy("sending requests to " + c.current.address)
+	c.applyWatches()
+	return c.sendAll(st)
 }
 
 // owed reports whether the stream owes a response: a type whose request
@@ -724,7 +745,7 @@ func (c *Client) setNames(ts *typeState, names []string, now time.Time) {
 	}
 	ts.names, ts.nameList = want, names
 	ts.dirty = true
-	c.writeResources(ts, touched)
+	ts.behind = append(ts.behind, touched...)
 }
 
 // startStream resets what is per stream. The cache stays.
@@ -1093,6 +1114,17 @@ func (c *Client) writeAllStatus() {
 		c.status.Insert(txn, c.statusRow(ts))
 	}
 	txn.Commit()
+}
+
+// writeBehind writes the rows that handling a response or new names left
+// behind (typeState.behind).
+func (c *Client) writeBehind() {
+	for _, url := range c.typeOrder {
+		if ts := c.types[url]; len(ts.behind) > 0 {
+			c.writeResources(ts, ts.behind)
+			ts.behind = nil
+		}
+	}
 }
 
 // writeResources brings the rows of names in line with the cache.

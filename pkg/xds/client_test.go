@@ -3,14 +3,22 @@
 package xds
 
 import (
+	"cmp"
+	"context"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
 
 	"github.com/l4xds/l4xds/pkg/devcerts"
 )
@@ -405,4 +413,83 @@ func TestBackoffSequence(t *testing.T) {
 			t.Errorf("wait after 30 attempts = %s, want %s", last, b.Max)
 		}
 	})
+}
+
+// The names a handler asks for go out before the rows of the response it
+// handled are written: on a large update the request is what the tables
+// wait for, the rows only what an operator reads. Each EDS request is
+// checked as it is sent, on the run loop, so the order is the client's.
+func TestRequestsGoBeforeRows(t *testing.T) {
+	forEachProtocol(t, func(t *testing.T, protocol string) {
+		srv := startServer(t, "127.0.0.1:0", "", func(s *testServer) {
+			s.setClusters(cluster("a", "1"), cluster("b", "1"))
+		})
+		db := statedb.New()
+		c, err := NewClient(testConfig(srv.addr, "", protocol), hivetest.Logger(t), db, WithBackoff(testBackoff))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rowAtRequest atomic.Pointer[ResourceStatus]
+		asked := make(chan struct{})
+		c.dialExtra = append(c.dialExtra, grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc,
+			cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			cs, err := streamer(ctx, desc, cc, method, opts...)
+			return sendHook{cs, func(m any) {
+				names := []string{}
+				switch r := m.(type) {
+				case *discoveryv3.DiscoveryRequest:
+					if r.GetTypeUrl() == EndpointType && r.GetResponseNonce() == "" {
+						names = r.GetResourceNames()
+					}
+				case *discoveryv3.DeltaDiscoveryRequest:
+					if r.GetTypeUrl() == EndpointType {
+						names = r.GetResourceNamesSubscribe()
+					}
+				}
+				if slices.Contains(names, "a") && rowAtRequest.Load() == nil {
+					row, _, _ := c.resources.Get(db.ReadTxn(), ResourceByName(ClusterType, "a"))
+					rowAtRequest.Store(cmp.Or(row, &ResourceStatus{State: "no row"}))
+					close(asked)
+				}
+			}}, err
+		}))
+		c.Watch(ClusterType, true, HandlerFunc(func(_ context.Context, u Update) map[string]error {
+			c.SetNames(EndpointType, names(u.Upserted))
+			return nil
+		}))
+		c.Watch(EndpointType, false, &recorder{})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = c.Run(ctx)
+		}()
+		t.Cleanup(func() {
+			cancel()
+			<-done
+		})
+		select {
+		case <-asked:
+		case <-time.After(time.Minute):
+			t.Fatal("no EDS request for the clusters")
+		}
+		if row := rowAtRequest.Load(); row.State != "no row" {
+			t.Fatalf("the row of cluster a when its endpoints were asked for: %+v, want none yet", row)
+		}
+		waitFor(t, "the row of cluster a", func() bool {
+			row, _, _ := c.resources.Get(db.ReadTxn(), ResourceByName(ClusterType, "a"))
+			return row != nil && row.State == StateAcked
+		})
+	})
+}
+
+// sendHook calls sent with each message a stream sends, before sending it.
+type sendHook struct {
+	grpc.ClientStream
+	sent func(any)
+}
+
+func (h sendHook) SendMsg(m any) error {
+	h.sent(m)
+	return h.ClientStream.SendMsg(m)
 }

@@ -332,7 +332,8 @@ var conformanceRules = []conformanceRule{
 		test: func(t *testing.T, rc *ruleClient) {
 			rc.disconnect()
 			rc.SetNames(EndpointType, []string{"a"})
-			rc.applyWatches()
+			rc.applyWatches() // as the run loop does while it waits to retry
+			rc.writeBehind()
 			rc.expire(time.Now().Add(time.Hour))
 			if r := rc.resource(EndpointType, "a"); r.State != StateRequested {
 				t.Fatalf("a while disconnected = %+v, want requested", r)
@@ -745,6 +746,7 @@ func newRuleClient(t *testing.T, protocol string) *ruleClient {
 	c.Watch(ClusterType, true, rc.clusters)
 	c.Watch(EndpointType, false, rc.eps)
 	c.applyWatches()
+	c.writeBehind()
 	rc.connect()
 	return rc
 }
@@ -794,10 +796,10 @@ func (rc *ruleClient) reconnect() {
 // setNames sets the requested endpoint names and sends the request.
 func (rc *ruleClient) setNames(names ...string) {
 	rc.SetNames(EndpointType, names)
-	rc.applyWatches()
-	if err := rc.sendAll(rc.st); err != nil {
+	if err := rc.requestWatches(rc.st); err != nil {
 		rc.t.Fatal(err)
 	}
+	rc.writeBehind()
 }
 
 // respond hands the client a response: version is the SotW version_info or
@@ -817,6 +819,7 @@ func (rc *ruleClient) respond(typeURL, version string, removed []string, rs ...r
 	if err := rc.handleResponse(context.Background(), rc.st, resp); err != nil {
 		rc.t.Fatal(err)
 	}
+	rc.writeBehind() // as the run loop does before it waits
 }
 
 // respondFull hands the client the server's whole state of a type, as the

@@ -36,13 +36,17 @@ func NewDriver(c *Client) (*Driver, error) {
 	c.applyWatches()
 	c.startStream()
 	c.setConn(ConnConnected, nil)
-	return d, c.sendAll(d.st)
+	err := c.sendAll(d.st)
+	c.writeBehind()
+	return d, err
 }
 
-// ApplyWatches requests, as the run loop does, the names the handlers set.
+// ApplyWatches requests, as the run loop does, the names the handlers set,
+// and writes the rows then due.
 func (d *Driver) ApplyWatches() error {
-	d.c.applyWatches()
-	return d.c.sendAll(d.st)
+	err := d.c.requestWatches(d.st)
+	d.c.writeBehind()
+	return err
 }
 
 // Respond hands the client one response: version is the SotW version_info,
