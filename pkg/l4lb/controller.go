@@ -640,15 +640,21 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 	defer c.mu.Unlock()
 
 	rejected := map[string]error{}
+	// Translated before the transaction: its tables stay locked while it
+	// is open, and a datapath's reconciler waits for them to write status.
+	translated := make([]translatedCLA, len(u.Upserted))
+	for i, r := range u.Upserted {
+		translated[i].bes, translated[i].err = c.translateEndpoints(r)
+	}
 	txn := c.sink.WriteTxn()
 	if many, ok := txn.(backendsOfMany); ok {
-		c.upsertEndpointsOf(txn, many, u.Upserted, rejected)
+		c.upsertEndpointsOf(txn, many, u.Upserted, translated, rejected)
 	} else {
-		for _, r := range u.Upserted {
+		for i, r := range u.Upserted {
 			// The server has answered, if badly: a broken CLA must not
 			// hold back the initialization of every other service.
 			c.sawEndpoints(r.Name)
-			if err := c.upsertEndpoints(txn, r); err != nil {
+			if err := c.upsertEndpoints(txn, r, translated[i]); err != nil {
 				rejected[r.Name] = err
 			}
 		}
@@ -667,8 +673,14 @@ func (c *Controller) HandleEndpoints(_ context.Context, u xds.Update) map[string
 	return rejected
 }
 
-func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
-	bes, err := c.translateEndpoints(r)
+// translatedCLA is a ClusterLoadAssignment's backends, or why it has none.
+type translatedCLA struct {
+	bes []loadbalancer.BackendParams
+	err error
+}
+
+func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource, t translatedCLA) error {
+	bes, err := t.bes, t.err
 	if err != nil {
 		// Answered, if badly: a held cluster waits no longer.
 		if werr := c.writeHeldUsers(txn, r.Name); werr != nil {
@@ -700,16 +712,16 @@ func (c *Controller) upsertEndpoints(txn SinkTxn, r xds.Resource) error {
 // backends of all their written clusters set at once (a held cluster is
 // written whole, as by setBackends). A resource is rejected with the first
 // error of its clusters.
-func (c *Controller) upsertEndpointsOf(txn SinkTxn, many backendsOfMany, upserted []xds.Resource, rejected map[string]error) {
+func (c *Controller) upsertEndpointsOf(txn SinkTxn, many backendsOfMany, upserted []xds.Resource, translated []translatedCLA, rejected map[string]error) {
 	// Nearly always one cluster per resource.
 	sets := make([]loadbalancer.ServiceBackends, 0, len(upserted))
 	// The resource and cluster of each set.
 	from := make([]struct{ eds, cluster string }, 0, len(upserted))
-	for _, r := range upserted {
+	for i, r := range upserted {
 		// The server has answered, if badly: a broken CLA must not hold
 		// back the initialization of every other service.
 		c.sawEndpoints(r.Name)
-		bes, err := c.translateEndpoints(r)
+		bes, err := translated[i].bes, translated[i].err
 		if err != nil {
 			// Answered, if badly: a held cluster waits no longer.
 			rejected[r.Name] = errors.Join(err, c.writeHeldUsers(txn, r.Name))
