@@ -351,12 +351,14 @@ func deaf(recv func() error, send func(version string, a *anypb.Any) error) erro
 
 // A server that stops reading requests while it sends: once the client's
 // ACKs fill the stream's window its send waits, and so does all else the
-// run loop does. The watchdog says so, naming the send and the server.
+// run loop does. The watchdog says so, naming the send and the server, and
+// the rows say what the handler applied: a response's rows are written
+// before its ACK, the send that waits.
 func TestServerThatReadsNoRequestsIsReported(t *testing.T) {
 	forEachProtocol(t, func(t *testing.T, protocol string) {
 		addr := serveADS(t, deafADS{})
 		health := &healthLog{}
-		startClient(t, testConfig(addr, "", protocol), func(tc *testClient) {
+		tc := startClient(t, testConfig(addr, "", protocol), func(tc *testClient) {
 			tc.health = health
 			tc.stallAfter = 200 * time.Millisecond
 		})
@@ -364,6 +366,9 @@ func TestServerThatReadsNoRequestsIsReported(t *testing.T) {
 		waitFor(t, "the blocked send reported in health", func() bool {
 			return strings.HasPrefix(health.last(), "Degraded: xDS client stuck for ") && strings.Contains(health.last(), want)
 		})
+		if applied, row := tc.clusters.state()["a"], tc.resource(ClusterType, "a"); row == nil || row.Version != applied {
+			t.Errorf("while the ACK waits, the row of cluster a is %+v; the handler applied version %s", row, applied)
+		}
 	})
 }
 

@@ -337,6 +337,7 @@ func (c *Client) run(ctx context.Context, health cell.Health) error {
 	}()
 
 	c.applyWatches()
+	c.writeBehind()
 	b := c.backoff
 	srv := c.servers[0]
 	for {
@@ -548,9 +549,10 @@ func (c *Client) session(ctx context.Context, srv *managementServer, b *Backoff)
 	// connection's close) is watched too.
 	defer c.busy("closing the stream to " + srv.address)
 	for {
-		// The names a handler asked for go out before the rows of what
-		// it handled are written: the next response is on the way to
-		// the tables, the rows only on the way to the operator.
+		// The names a handler asked for are requested before their rows
+		// are written: the response is on the way to the tables, the
+		// rows only on the way to the operator. (A response's own rows
+		// are written before its ACK, which a stalled stream may block.)
 		select {
 		case <-c.wake:
 			if err := c.requestWatches(st); err != nil {
@@ -1116,13 +1118,15 @@ func (c *Client) writeAllStatus() {
 	txn.Commit()
 }
 
-// writeBehind writes the rows that handling a response or new names left
-// behind (typeState.behind).
+// writeBehind writes the rows of the names SetNames changed
+// (typeState.behind), a step of its own for the watchdog.
 func (c *Client) writeBehind() {
 	for _, url := range c.typeOrder {
 		if ts := c.types[url]; len(ts.behind) > 0 {
+			c.busy("writing the xds-resources rows of " + ShortTypeName(url) + " names")
 			c.writeResources(ts, ts.behind)
 			ts.behind = nil
+			c.idle()
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -415,11 +416,11 @@ func TestBackoffSequence(t *testing.T) {
 	})
 }
 
-// The names a handler asks for go out before the rows of the response it
-// handled are written: on a large update the request is what the tables
-// wait for, the rows only what an operator reads. Each EDS request is
-// checked as it is sent, on the run loop, so the order is the client's.
-func TestRequestsGoBeforeRows(t *testing.T) {
+// The names a handler asks for are requested before their rows are
+// written: on a large update the request is what the tables wait for, the
+// rows only what an operator reads. Each EDS request is checked as it is
+// sent, on the run loop, so the order is the client's.
+func TestRequestsGoBeforeTheirRows(t *testing.T) {
 	forEachProtocol(t, func(t *testing.T, protocol string) {
 		srv := startServer(t, "127.0.0.1:0", "", func(s *testServer) {
 			s.setClusters(cluster("a", "1"), cluster("b", "1"))
@@ -438,7 +439,7 @@ func TestRequestsGoBeforeRows(t *testing.T) {
 				names := []string{}
 				switch r := m.(type) {
 				case *discoveryv3.DiscoveryRequest:
-					if r.GetTypeUrl() == EndpointType && r.GetResponseNonce() == "" {
+					if r.GetTypeUrl() == EndpointType {
 						names = r.GetResourceNames()
 					}
 				case *discoveryv3.DeltaDiscoveryRequest:
@@ -447,7 +448,7 @@ func TestRequestsGoBeforeRows(t *testing.T) {
 					}
 				}
 				if slices.Contains(names, "a") && rowAtRequest.Load() == nil {
-					row, _, _ := c.resources.Get(db.ReadTxn(), ResourceByName(ClusterType, "a"))
+					row, _, _ := c.resources.Get(db.ReadTxn(), ResourceByName(EndpointType, "a"))
 					rowAtRequest.Store(cmp.Or(row, &ResourceStatus{State: "no row"}))
 					close(asked)
 				}
@@ -458,28 +459,83 @@ func TestRequestsGoBeforeRows(t *testing.T) {
 			return nil
 		}))
 		c.Watch(EndpointType, false, &recorder{})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = c.Run(ctx)
-		}()
-		t.Cleanup(func() {
-			cancel()
-			<-done
-		})
+		runClient(t, c)
 		select {
 		case <-asked:
 		case <-time.After(time.Minute):
 			t.Fatal("no EDS request for the clusters")
 		}
 		if row := rowAtRequest.Load(); row.State != "no row" {
-			t.Fatalf("the row of cluster a when its endpoints were asked for: %+v, want none yet", row)
+			t.Fatalf("the row of endpoints a when they were asked for: %+v, want none yet", row)
 		}
-		waitFor(t, "the row of cluster a", func() bool {
-			row, _, _ := c.resources.Get(db.ReadTxn(), ResourceByName(ClusterType, "a"))
-			return row != nil && row.State == StateAcked
+		waitFor(t, "the row of endpoints a", func() bool {
+			row, _, _ := c.resources.Get(db.ReadTxn(), ResourceByName(EndpointType, "a"))
+			return row != nil && row.State == StateRequested
 		})
+	})
+}
+
+// What health calls synced has its rows: a response's rows are written
+// before the type is marked synced and before its ACK.
+func TestSyncedTypesHaveTheirRows(t *testing.T) {
+	forEachProtocol(t, func(t *testing.T, protocol string) {
+		srv := startServer(t, "127.0.0.1:0", "", func(s *testServer) {
+			s.setClusters(cluster("a", "1"))
+		})
+		health := &rowsAtSync{}
+		startClient(t, testConfig(srv.addr, "", protocol), func(tc *testClient) {
+			health.tc, tc.health = tc, health
+		})
+		waitFor(t, "health OK with the clusters synced", func() bool { return health.seen.Load() != nil })
+		if row := health.seen.Load(); row.State != StateAcked {
+			t.Fatalf("the row of cluster a when health said synced: %+v, want acked", row)
+		}
+	})
+}
+
+// rowsAtSync records cluster a's row when health first says a type is
+// synced.
+type rowsAtSync struct {
+	healthLog
+	tc   *testClient
+	seen atomic.Pointer[ResourceStatus]
+}
+
+func (h *rowsAtSync) OK(status string) {
+	if strings.Contains(status, "types synced") && h.seen.Load() == nil {
+		h.seen.Store(cmp.Or(h.tc.resource(ClusterType, "a"), &ResourceStatus{State: "no row"}))
+	}
+	h.healthLog.OK(status)
+}
+
+func (h *rowsAtSync) NewScope(string) cell.Health { return h }
+
+// Names set before the client runs have their rows at once, even while the
+// first attempt waits for a server that never answers.
+func TestNamesHaveRowsBeforeAServerAnswers(t *testing.T) {
+	forEachProtocol(t, func(t *testing.T, protocol string) {
+		addr := listenHung(t).Addr().String()
+		cfg := testConfig(addr, "", protocol)
+		cfg.XDSConnectTimeout = time.Hour
+		tc := startClient(t, cfg, func(tc *testClient) { tc.SetNames(EndpointType, []string{"x"}) })
+		tc.waitState(t, EndpointType, "x", StateRequested)
+		if s := tc.serverRow(addr); s.Attempts != 1 || s.Failures != 0 {
+			t.Fatalf("the row came after the first attempt ended: server %+v", s)
+		}
+	})
+}
+
+// runClient runs c until the test ends.
+func runClient(t *testing.T, c *Client) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
 	})
 }
 

@@ -39,9 +39,9 @@ type typeState struct {
 	nameList []string
 	// entries is the cache: every resource received or requested.
 	entries map[string]*entry
-	// behind are the names whose rows lag their entries: written once
-	// the requests a response or new names call for are sent
-	// (writeBehind), a row as its entry is then.
+	// behind are the names SetNames changed whose rows are not written
+	// yet: written once their request is sent (writeBehind), a row as
+	// its entry is then.
 	behind []string
 	// offering is false when no entry holds an offer (entry.offer).
 	offering bool
@@ -188,7 +188,7 @@ func (c *Client) handleResponse(ctx context.Context, st adsStream, resp *respons
 	c.removeNamed(ts, resp, a)
 	c.deliverChanges(ctx, ts, a)
 	c.recordOutcome(ts, a)
-	ts.behind = append(ts.behind, a.touched...)
+	c.writeResources(ts, a.touched)
 	// A78 counts every resource received, changed or not; rejected holds
 	// only resources of this response.
 	invalid := len(a.rejected) - a.removedTwice
