@@ -525,20 +525,6 @@ func TestNamesHaveRowsBeforeAServerAnswers(t *testing.T) {
 	})
 }
 
-// runClient runs c until the test ends.
-func runClient(t *testing.T, c *Client) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = c.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-}
-
 // sendHook calls sent with each message a stream sends, before sending it.
 type sendHook struct {
 	grpc.ClientStream

@@ -402,6 +402,12 @@ func startClient(t *testing.T, cfg Config, setup ...func(*testClient)) *testClie
 		f(tc)
 	}
 
+	runClient(t, c)
+	return tc
+}
+
+// runClient runs c until the test ends.
+func runClient(t *testing.T, c *Client) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -414,7 +420,6 @@ func startClient(t *testing.T, cfg Config, setup ...func(*testClient)) *testClie
 		cancel()
 		<-done
 	})
-	return tc
 }
 
 func (tc *testClient) resource(typeURL, name string) *ResourceStatus {
